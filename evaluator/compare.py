@@ -1,0 +1,54 @@
+"""Stage 7's judgement: does an output match the reference within the task's tolerance?"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.spec import Tolerance
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    rel_l2_err: float
+    mismatch_fraction: float
+    worst_index: list[int]
+    nonfinite: int
+    reason: str  # empty when ok
+
+
+def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Comparison:
+    """Element-wise bound plus a relative-L2 bound, in float64 (see tasks.spec.Tolerance)."""
+    out64 = np.asarray(out, dtype=np.float64)
+    ref64 = np.asarray(ref, dtype=np.float64)
+    err = np.abs(out64 - ref64)
+    nonfinite = int(np.count_nonzero(~np.isfinite(out64)))
+    scale = float(np.sqrt(np.mean(ref64 ** 2))) if ref64.size else 0.0
+    allowed = tol.atol * scale + tol.rtol * np.abs(ref64)
+    bad = ~(err <= allowed)  # NaN compares False, so NaN outputs count as bad
+    ref_norm = float(np.linalg.norm(ref64))
+    err_norm = float(np.linalg.norm(np.where(np.isfinite(err), err, 0.0)))
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else err_norm
+    if nonfinite:
+        rel_l2 = float("inf")
+    excess = np.where(np.isfinite(err), err - allowed, np.inf)
+    worst = list(np.unravel_index(int(np.argmax(excess)), err.shape)) if err.size else []
+    finite_err = err[np.isfinite(err)]
+    max_abs = float(finite_err.max()) if finite_err.size else 0.0
+    rel = err / np.maximum(np.abs(ref64), 1e-30)
+    finite_rel = rel[np.isfinite(rel)]
+    max_rel = float(finite_rel.max()) if finite_rel.size else 0.0
+    mismatch = float(np.mean(bad)) if bad.size else 0.0
+    reasons = []
+    if nonfinite:
+        reasons.append(f"{nonfinite} non-finite values (NaN/inf)")
+    if mismatch > 0:
+        reasons.append(f"{mismatch:.1%} of elements outside tolerance")
+    if rel_l2 > tol.rel_l2:
+        reasons.append(f"relative L2 error {rel_l2:.3g} > {tol.rel_l2:g}")
+    return Comparison(ok=not reasons, max_abs_err=max_abs, max_rel_err=max_rel, rel_l2_err=rel_l2,
+                      mismatch_fraction=mismatch, worst_index=[int(i) for i in worst],
+                      nonfinite=nonfinite, reason="; ".join(reasons))

@@ -1,0 +1,31 @@
+"""Stage 1: find the candidate's source in a model's answer."""
+from __future__ import annotations
+
+import re
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
+_PYTHON_TAGS = {"", "python", "py", "python3"}
+
+
+class ExtractionError(ValueError):
+    pass
+
+
+def extract_code(answer: str) -> str:
+    """The last fenced python block; a bare source file (no fences) is taken whole.
+
+    A model's answer is prose plus code; the last block is its final word. Text without any
+    fence is accepted only when it reads as a module defining `kernel`, so that a candidate
+    file can be graded as it is.
+    """
+    blocks = [body for tag, body in _FENCE.findall(answer) if tag.lower() in _PYTHON_TAGS]
+    if blocks:
+        code = blocks[-1]
+        if not code.strip():
+            raise ExtractionError("the last ```python block is empty")
+        return code
+    if "```" in answer:
+        raise ExtractionError("no complete ```python code block found in the answer")
+    if re.search(r"^\s*def\s+kernel\s*\(", answer, re.M):
+        return answer
+    raise ExtractionError("the answer contains no code: expected a ```python block defining kernel(...)")

@@ -1,0 +1,135 @@
+"""The evaluator's front door: grade one candidate or many, on a pool of warm workers."""
+from __future__ import annotations
+
+import hashlib
+import platform
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from evaluator.backends import default_backend, get_backend
+from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
+from evaluator.record import StageTiming, Verdict
+from evaluator.reference import ReferenceCache
+from evaluator.sandbox import Limits, WorkerError, WorkerPool
+from evaluator.stages import STAGES, WORKER_STAGES, Failure, GradingContext, correct_message
+from tasks import get_task
+from tasks.spec import Task
+
+EVALUATOR_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One thing to grade: a task and a model answer (or bare source)."""
+
+    task: str
+    answer: str
+    split: str = "train"
+    seed: int | None = None
+
+
+class Evaluator:
+    """Grades candidates. Reuse one instance: its workers stay warm between candidates."""
+
+    def __init__(self, backend: str | None = None, workers: int = 1, limits: Limits = Limits(),
+                 generation: str = DEFAULT_GENERATION, n_seeds: int = 2):
+        self.backend = get_backend(backend or default_backend())
+        if generation not in GENERATIONS:
+            raise ValueError(f"unknown TPU generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
+        self.generation = GENERATIONS[generation]
+        self.n_seeds = n_seeds
+        self.pool = WorkerPool(self.backend, size=workers, limits=limits)
+        self.references = ReferenceCache()
+        self.workers = workers
+
+    def grade(self, task: Task | str, answer: str, split: str = "train",
+              seed: int | None = None) -> Verdict:
+        task = get_task(task) if isinstance(task, str) else task
+        task.select(split)  # validates the split name
+        start = time.perf_counter()
+        verdict = Verdict(task=task.name, task_version=task.version, status="pending", message="",
+                          backend=self.backend.name, split=split, stage="",
+                          versions=_versions(), candidate_sha256=hashlib.sha256(answer.encode()).hexdigest())
+        ctx = GradingContext(task=task, answer=answer, split=split, backend=self.backend,
+                             generation=self.generation,
+                             base_seed=secrets.randbits(31) if seed is None else seed,
+                             n_seeds=self.n_seeds, references=self.references, verdict=verdict)
+        verdict.details["base_seed"] = ctx.base_seed
+        verdict.details["tpu_generation"] = self.generation.name
+        failure = self._run_stages(ctx)
+        if failure is None:
+            verdict.status, verdict.stage, verdict.message = "correct", "done", correct_message(ctx)
+        else:
+            verdict.status, verdict.message = failure.status, f"{failure.status}: {failure.message}"
+            verdict.error_type, verdict.error = failure.error_type, failure.error
+            verdict.details.update(failure.details)
+        verdict.wall_s = time.perf_counter() - start
+        return verdict
+
+    def _run_stages(self, ctx: GradingContext) -> Failure | None:
+        lease = None
+        try:
+            for name, stage in STAGES:
+                if name in WORKER_STAGES and ctx.worker is None:
+                    lease = self.pool.lease()
+                    ctx.worker = lease.__enter__()
+                t0 = time.perf_counter()
+                try:
+                    failure = stage(ctx)
+                except WorkerError as exc:
+                    status = "timeout" if exc.kind == "timeout" else "runtime_error"
+                    failure = Failure(status, f"{exc}.", "WorkerTimeout" if exc.kind == "timeout"
+                                      else "WorkerCrash", str(exc))
+                    for case in ctx.verdict.cases:
+                        if case.status == "pending":
+                            case.status, case.error = status, str(exc)
+                ctx.verdict.stage_timings.append(StageTiming(name, time.perf_counter() - t0))
+                if failure is not None:
+                    ctx.verdict.stage = name
+                    return failure
+            return None
+        finally:
+            if lease is not None:
+                if ctx.worker.alive:
+                    try:
+                        ctx.worker.call({"cmd": "reset"}, timeout_s=30, what="resetting")
+                    except WorkerError:
+                        pass  # the worker is gone; the pool starts a new one on next use
+                lease.__exit__(None, None, None)
+
+    def grade_many(self, jobs: Iterable[Job], on_done: Callable[[Verdict], None] | None = None
+                   ) -> list[Verdict]:
+        """Grade concurrently, one thread per worker; results in the order of `jobs`."""
+        jobs = list(jobs)
+
+        def one(job: Job) -> Verdict:
+            verdict = self.grade(job.task, job.answer, job.split, job.seed)
+            if on_done is not None:
+                on_done(verdict)
+            return verdict
+
+        with ThreadPoolExecutor(max_workers=self.workers) as ex:
+            return list(ex.map(one, jobs))
+
+    def warm_up(self) -> None:
+        self.pool.warm_up()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _versions() -> dict[str, str]:
+    import jax
+    import jaxlib
+
+    return {"evaluator": EVALUATOR_VERSION, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "python": platform.python_version()}

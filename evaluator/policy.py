@@ -1,0 +1,159 @@
+"""Stage 2: parse the candidate and apply the static policy, on the AST, before it runs.
+
+Each check is a small function from an AST node to a list of violations. The worker's
+sandbox is the second line of defence; this stage refuses the obvious and explains why.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Callable
+
+ALLOWED_MODULES = ("jax", "numpy", "functools", "math", "typing", "dataclasses", "itertools",
+                   "operator", "__future__", "ml_dtypes", "enum", "collections")
+# Inside jax: private internals reach the interpreter state; host_callback runs host code.
+FORBIDDEN_MODULE_PARTS = ("_src", "host_callback", "compilation_cache", "profiler", "jax.tools")
+
+
+@dataclass(frozen=True)
+class Violation:
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+class PolicySyntaxError(ValueError):
+    pass
+
+
+# Rationale: running code hidden from this AST (eval/exec), touching files, frames,
+# globals or the import machinery defeats every other check.
+FORBIDDEN_BUILTINS = frozenset({
+    "open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "breakpoint",
+    "input", "setattr", "delattr", "exit", "quit", "memoryview", "__builtins__", "help",
+})
+# Rationale: interpret mode is the evaluator's choice; global config changes would leak
+# into the grading of other candidates; numpy's file I/O is file access.
+FORBIDDEN_ATTRIBUTES = frozenset({
+    "force_tpu_interpret_mode", "set_tpu_interpret_mode", "reset_tpu_interpret_mode_state",
+    "InterpretParams", "config", "tofile", "ctypeslib", "modules", "clear_caches", "clear_backends",
+})
+NUMPY_FILE_IO = frozenset({"load", "save", "savez", "savez_compressed", "fromfile", "memmap",
+                           "loadtxt", "savetxt", "genfromtxt", "DataSource", "lib"})
+ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__main__"})
+
+
+@dataclass(frozen=True)
+class Context:
+    numpy_aliases: frozenset[str]
+
+
+def check_import(node: ast.AST, ctx: Context) -> list[Violation]:
+    # Rationale: an allow-list, not a block-list: os, sys, gc, inspect, ctypes, threading,
+    # subprocess, socket, time, importlib, pickle... are all refused by omission.
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            return [Violation(node.lineno, "relative imports are not allowed")]
+        base = node.module or ""
+        names = [base] + [f"{base}.{a.name}" for a in node.names]
+    out = []
+    for name in names:
+        root = name.split(".")[0]
+        if root not in ALLOWED_MODULES:
+            out.append(Violation(node.lineno, f"import of {root!r} is not allowed "
+                                              f"(allowed: {', '.join(ALLOWED_MODULES)})"))
+        elif any(part in name for part in FORBIDDEN_MODULE_PARTS):
+            out.append(Violation(node.lineno, f"import of {name!r} is not allowed"))
+    return out
+
+
+def check_name(node: ast.AST, ctx: Context) -> list[Violation]:
+    if isinstance(node, ast.Name) and node.id in FORBIDDEN_BUILTINS:
+        return [Violation(node.lineno, f"use of {node.id!r} is not allowed")]
+    return []
+
+
+def check_attribute(node: ast.AST, ctx: Context) -> list[Violation]:
+    # Rationale: dunder attributes (__class__, __globals__, __subclasses__, __dict__...)
+    # are how sandboxed Python escapes to builtins and other modules.
+    if not isinstance(node, ast.Attribute):
+        return []
+    if node.attr.startswith("__") and node.attr not in ALLOWED_DUNDERS:
+        return [Violation(node.lineno, f"access to {node.attr!r} is not allowed")]
+    if node.attr in FORBIDDEN_ATTRIBUTES:
+        return [Violation(node.lineno, f"use of .{node.attr} is not allowed")]
+    if node.attr in NUMPY_FILE_IO and isinstance(node.value, ast.Name) and node.value.id in ctx.numpy_aliases:
+        return [Violation(node.lineno, f"numpy file access ({node.value.id}.{node.attr}) is not allowed")]
+    return []
+
+
+def check_getattr(node: ast.AST, ctx: Context) -> list[Violation]:
+    # Rationale: getattr with a computed name hides which attribute is reached.
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+        if len(node.args) < 2 or not (isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            return [Violation(node.lineno, f"{node.func.id}() needs a literal attribute name")]
+        attr = node.args[1].value
+        if attr.startswith("__") or attr in FORBIDDEN_ATTRIBUTES:
+            return [Violation(node.lineno, f"{node.func.id}(..., {attr!r}) is not allowed")]
+    return []
+
+
+def check_interpret_keyword(node: ast.AST, ctx: Context) -> list[Violation]:
+    # Rationale: the evaluator decides how kernels run; `interpret=True` would make a
+    # kernel run as plain JAX on any backend and skip TPU semantics.
+    if isinstance(node, ast.Call):
+        for kw in node.keywords:
+            if kw.arg == "interpret":
+                return [Violation(node.lineno, "setting interpret= is not allowed: the evaluator "
+                                               "chooses how kernels run")]
+            if kw.arg is None:  # **kwargs could smuggle interpret=
+                if isinstance(kw.value, ast.Dict) and any(
+                        isinstance(k, ast.Constant) and k.value == "interpret" for k in kw.value.keys):
+                    return [Violation(node.lineno, "setting interpret= is not allowed")]
+    return []
+
+
+def check_strings(node: ast.AST, ctx: Context) -> list[Violation]:
+    # Rationale: a string naming a forbidden module or dunder is how obfuscated access starts.
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value.startswith("__") and node.value.endswith("__") and node.value not in ALLOWED_DUNDERS:
+            return [Violation(node.lineno, f"the string {node.value!r} is not allowed")]
+    return []
+
+
+CHECKS: tuple[Callable[[ast.AST, Context], list[Violation]], ...] = (
+    check_import, check_name, check_attribute, check_getattr, check_interpret_keyword,
+    check_strings,
+)
+
+
+def parse(source: str) -> ast.Module:
+    try:
+        return ast.parse(source, filename="candidate.py")
+    except SyntaxError as exc:
+        line = (exc.text or "").strip()
+        raise PolicySyntaxError(f"line {exc.lineno}: {exc.msg}" + (f": {line}" if line else "")) from None
+    except ValueError as exc:  # e.g. null bytes
+        raise PolicySyntaxError(str(exc)) from None
+
+
+def violations(tree: ast.Module) -> list[Violation]:
+    ctx = Context(numpy_aliases=frozenset(_numpy_aliases(tree)))
+    found: list[Violation] = []
+    for node in ast.walk(tree):
+        for check in CHECKS:
+            found.extend(check(node, ctx))
+    return sorted(set(found), key=lambda v: v.line)
+
+
+def _numpy_aliases(tree: ast.Module) -> set[str]:
+    aliases = {"numpy"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name for a in node.names if a.name == "numpy"}
+    return aliases

@@ -1,0 +1,74 @@
+"""Host-side truth: seeded inputs, reference outputs and reference costs for a task's cases.
+
+Runs in the trusted host process (on the CPU), never in a worker: candidates cannot reach
+the reference or the expected outputs.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from tasks.spec import Case, Task
+
+
+def _jax():
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")  # the host must never claim a TPU its workers need
+    return jax
+
+
+def case_seeds(base_seed: int, case_index: int, n_seeds: int) -> list[int]:
+    """Distinct, reproducible seeds for one case, derived from the grading's base seed."""
+    seq = np.random.SeedSequence([base_seed, case_index])
+    return [int(s.generate_state(1)[0] & 0x7FFFFFFF) for s in seq.spawn(n_seeds)]
+
+
+class ReferenceCache:
+    """Caches jitted references and their FLOP counts; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jitted: dict[str, Any] = {}
+        self._flops: dict[tuple[str, str], float] = {}
+
+    def inputs(self, task: Task, case: Case, seed: int) -> tuple[np.ndarray, ...]:
+        return task.make_inputs(case, np.random.default_rng(seed))
+
+    def outputs(self, task: Task, inputs: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+        """Reference outputs computed in float32 on float32-upcast inputs, as a flat list."""
+        jax = _jax()
+        fn = self._reference_fn(task)
+        result = fn(*[_upcast(a) for a in inputs])
+        return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(result)]
+
+    def flops(self, task: Task, case: Case) -> float:
+        from evaluator.jaxpr_analysis import total_flops
+
+        key = (task.name, case.name)
+        with self._lock:
+            if key in self._flops:
+                return self._flops[key]
+        jax = _jax()
+        specs = [jax.ShapeDtypeStruct(a.shape, "float32" if _is_float(a.dtype) else a.dtype)
+                 for a in task.arg_specs(case)]
+        value = total_flops(jax.make_jaxpr(task.reference)(*specs))
+        with self._lock:
+            self._flops[key] = value
+        return value
+
+    def _reference_fn(self, task: Task) -> Any:
+        with self._lock:
+            if task.name not in self._jitted:
+                self._jitted[task.name] = _jax().jit(task.reference)
+            return self._jitted[task.name]
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype in ("float32", "bfloat16", "float16", "float64")
+
+
+def _upcast(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32) if _is_float(a.dtype.name) else a

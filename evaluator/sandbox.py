@@ -1,0 +1,192 @@
+"""Worker processes for untrusted candidates: limits, timeouts, crash recovery, reuse.
+
+Each worker is its own process group with a private temp dir as cwd, a scrubbed
+environment and an address-space cap. The host talks to it over pipes and never waits
+past a deadline: a hung worker is killed with its whole group, a dead one is noticed at
+once, and either way the next request gets a fresh worker.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from evaluator import protocol
+from evaluator.backends import Backend
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Only these survive into a worker's environment: no tokens, keys or proxies.
+_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+@dataclass(frozen=True)
+class Limits:
+    step_timeout_s: float = 120.0    # one request (load, trace, lower, one case's run)
+    startup_timeout_s: float = 90.0  # importing JAX in a new worker
+    memory_gb: float = 8.0           # address space of a worker
+    max_jobs_per_worker: int = 200   # recycle now and then so leaks cannot accumulate
+
+
+class WorkerError(RuntimeError):
+    """A worker could not answer: it timed out or died. The worker is gone."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind  # "timeout" or "crash"
+
+
+class Worker:
+    """One worker process. Not thread-safe: a pool hands it to one thread at a time."""
+
+    def __init__(self, backend: Backend, limits: Limits):
+        self.backend, self.limits = backend, limits
+        self.proc: subprocess.Popen | None = None
+        self.root: Path | None = None
+        self.jobs = 0
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="pallas-eval-"))
+        workdir = self.root / "work"
+        workdir.mkdir()
+        env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+        env.update(HOME=str(workdir), TMPDIR=str(workdir), PYTHONPATH=str(PROJECT_ROOT),
+                   PYTHONDONTWRITEBYTECODE="1", JAX_PLATFORMS=self.backend.platform,
+                   # TPU hosts: keep the worker off the host's libtpu lock files etc.
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        cmd = [sys.executable, "-m", "evaluator.worker", "--platform", self.backend.platform,
+               "--memory-gb", str(self.limits.memory_gb)]
+        if self.backend.interpret:
+            cmd.append("--interpret")
+        self.log_path = self.root / "worker.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log, cwd=workdir, env=env, start_new_session=True)
+        self.jobs = 0
+        header, _ = self._receive(self.limits.startup_timeout_s, "starting the worker")
+        if not header.get("ready"):
+            self.kill()
+            raise WorkerError("crash", f"worker failed to start: {header}")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the whole process group (the candidate may have spawned children)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=10)
+            for stream in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(Exception):
+                    stream.close()
+            self.proc = None
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+    # -- requests -----------------------------------------------------------------------
+    def call(self, header: dict[str, Any], arrays: list[np.ndarray] = (),
+             timeout_s: float | None = None, what: str = "") -> tuple[dict[str, Any], list[np.ndarray]]:
+        if not self.alive:
+            self.start()
+        try:
+            protocol.write_message(self.proc.stdin, header, list(arrays))
+        except (BrokenPipeError, OSError):
+            raise self._crashed(what or header.get("cmd", "")) from None
+        return self._receive(timeout_s or self.limits.step_timeout_s, what or header.get("cmd", ""))
+
+    def _receive(self, timeout_s: float, what: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+        deadline = time.monotonic() + timeout_s
+        try:
+            return protocol.read_message_fd(self.proc.stdout.fileno(), deadline)
+        except protocol.PeerTimeout:
+            self.kill()
+            raise WorkerError("timeout", f"no result after {timeout_s:g} s while {what}") from None
+        except (protocol.PeerClosed, protocol.ProtocolError):
+            raise self._crashed(what) from None
+
+    def _crashed(self, what: str) -> WorkerError:
+        code = None
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                code = self.proc.wait(timeout=5)
+        tail = self.log_tail()
+        self.kill()
+        if code is not None and code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        hint = ""
+        if "MemoryError" in tail or "RESOURCE_EXHAUSTED" in tail or "bad_alloc" in tail \
+                or code == -signal.SIGABRT:
+            hint = f" (probably over the {self.limits.memory_gb:g} GiB memory limit)"
+        message = f"the worker process died while {what}: {how}{hint}"
+        if tail:
+            message += f"; last output: {tail}"
+        return WorkerError("crash", message)
+
+    def log_tail(self, n_chars: int = 400) -> str:
+        try:
+            data = self.log_path.read_bytes()[-4000:].decode(errors="replace")
+        except (OSError, AttributeError):
+            return ""
+        lines = [ln for ln in data.strip().splitlines() if ln.strip()]
+        return " | ".join(lines[-4:])[-n_chars:]
+
+
+class WorkerPool:
+    """A fixed number of reusable workers. `lease()` yields a healthy one."""
+
+    def __init__(self, backend: Backend, size: int = 1, limits: Limits = Limits()):
+        self.backend, self.limits = backend, limits
+        self._idle: queue.Queue[Worker] = queue.Queue()
+        self._all: list[Worker] = []
+        for _ in range(size):
+            worker = Worker(backend, limits)
+            self._all.append(worker)
+            self._idle.put(worker)
+        self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        """Start every worker now, in parallel, instead of on first use."""
+        threads = [threading.Thread(target=w.start) for w in self._all if not w.alive]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[Worker]:
+        worker = self._idle.get()
+        try:
+            yield worker
+        finally:
+            worker.jobs += 1
+            if worker.alive and worker.jobs >= self.limits.max_jobs_per_worker:
+                worker.kill()
+            self._idle.put(worker)
+
+    def close(self) -> None:
+        for worker in self._all:
+            worker.kill()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

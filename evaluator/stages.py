@@ -1,0 +1,332 @@
+"""The evaluator's stages, in order. The first that fails gives the verdict.
+
+Each stage is a small function from the grading context to either None ("go on") or a
+Failure. Stages 1-2 run here on the source text; stages 3-8 drive a sandboxed worker (see
+evaluator/worker.py) and judge what it reports. Adding a stage is adding one entry to STAGES.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from evaluator import features as feature_checks
+from evaluator import policy
+from evaluator.backends import Backend
+from evaluator.compare import compare
+from evaluator.extract import ExtractionError, extract_code
+from evaluator.hardware import MiB, TpuGeneration, vmem_budget, vmem_lower_bound
+from evaluator.jaxpr_analysis import BlockInfo, OutsideCost, PallasCallInfo, TraceSummary
+from evaluator.record import CaseResult, Verdict
+from evaluator.reference import ReferenceCache, case_seeds
+from evaluator.sandbox import Worker
+from tasks.spec import Case, Task
+
+# Work outside kernels above this share of the reference's FLOPs is "a real part of the task".
+OUTSIDE_FLOPS_SHARE = 0.10
+
+
+@dataclass
+class Failure:
+    status: str
+    message: str
+    error_type: str | None = None
+    error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GradingContext:
+    task: Task
+    answer: str
+    split: str
+    backend: Backend
+    generation: TpuGeneration
+    base_seed: int
+    n_seeds: int
+    references: ReferenceCache
+    verdict: Verdict
+    worker: Worker | None = None
+    source: str = ""
+    summaries: dict[str, TraceSummary] = field(default_factory=dict)
+
+    @property
+    def traced_cases(self) -> list[Case]:
+        """Check and bench sizes of the split: tracing and lowering are cheap at any size."""
+        return self.task.select(self.split)
+
+    @property
+    def run_cases(self) -> list[Case]:
+        return self.task.select(self.split, "check")
+
+
+def _case_request(task: Task, case: Case) -> dict[str, Any]:
+    return {"name": case.name, "args": [[list(a.shape), a.dtype] for a in task.arg_specs(case)]}
+
+
+# --- 1. extract ---------------------------------------------------------------------------
+def extract_stage(ctx: GradingContext) -> Failure | None:
+    try:
+        ctx.source = extract_code(ctx.answer)
+    except ExtractionError as exc:
+        return Failure("extraction_error", str(exc))
+    return None
+
+
+# --- 2. parse + static policy --------------------------------------------------------------
+def policy_stage(ctx: GradingContext) -> Failure | None:
+    try:
+        tree = policy.parse(ctx.source)
+    except policy.PolicySyntaxError as exc:
+        return Failure("syntax_error", f"the code does not parse: {exc}", "SyntaxError", str(exc))
+    found = policy.violations(tree)
+    if found:
+        listed = "; ".join(str(v) for v in found[:3])
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        return Failure("policy_violation", f"the code breaks the evaluator's rules: {listed}{more}.",
+                       details={"violations": [str(v) for v in found]})
+    return None
+
+
+# --- 3. load in the sandbox ------------------------------------------------------------------
+def load_stage(ctx: GradingContext) -> Failure | None:
+    reply, _ = ctx.worker.call({"cmd": "load", "source": ctx.source}, what="loading the module")
+    if not reply["ok"]:
+        return Failure("import_error", f"executing the module failed: {reply['error_type']}: "
+                                       f"{reply['error']}", reply["error_type"], reply["error"])
+    return None
+
+
+# --- 4. structure: kernels present, heavy work inside them ----------------------------------
+def structure_stage(ctx: GradingContext) -> Failure | None:
+    cases = ctx.traced_cases
+    reply, _ = ctx.worker.call({"cmd": "trace", "cases": [_case_request(ctx.task, c) for c in cases]},
+                               what="tracing kernel()")
+    if not reply["ok"]:
+        case = next(c for c in cases if c.name == reply["case"])
+        return Failure("lowering_error", f"tracing kernel() failed at case {case.describe()}: "
+                                         f"{reply['error_type']}: {reply['error']}",
+                       reply["error_type"], reply["error"])
+    ctx.summaries = {s["case"]: _summary_from_dict(s) for s in reply["summaries"]}
+    for case in cases:
+        summary = ctx.summaries[case.name]
+        out = summary.outside
+        if out.callbacks:
+            return Failure("work_outside_kernel", f"kernel() calls back to the host "
+                           f"({', '.join(sorted(set(out.callbacks)))}) at case {case.name}; all work "
+                           "must run on the TPU inside pallas_call kernels.")
+        if not summary.pallas_calls:
+            return Failure("no_kernel", f"no pallas_call found when tracing kernel() at case "
+                           f"{case.describe()}; the computation must be written as a Pallas kernel.")
+        if out.heavy_ops:
+            return Failure("work_outside_kernel", f"{', '.join(sorted(set(out.heavy_ops)))} runs outside "
+                           f"any Pallas kernel at case {case.name}; matrix products must happen "
+                           "inside pallas_call.")
+        ref_flops = ctx.references.flops(ctx.task, case)
+        ctx.verdict.details.setdefault("outside_flops_share", {})[case.name] = (
+            out.flops / ref_flops if ref_flops else 0.0)
+        if ref_flops and out.flops > OUTSIDE_FLOPS_SHARE * ref_flops:
+            top = sorted(out.top_ops.items(), key=lambda kv: -kv[1])[:3]
+            ops = ", ".join(f"{name} ({flops / ref_flops:.0%})" for name, flops in top)
+            return Failure("work_outside_kernel", f"{out.flops / ref_flops:.0%} of the reference's "
+                           f"arithmetic runs outside the Pallas kernels at case {case.name} "
+                           f"(mostly {ops}); only glue such as padding, reshapes and casts may run "
+                           f"outside (limit {OUTSIDE_FLOPS_SHARE:.0%}).")
+    return None
+
+
+# --- 5. required TPU features ------------------------------------------------------------------
+def features_stage(ctx: GradingContext) -> Failure | None:
+    if not ctx.task.required_features:
+        return None
+    for case in ctx.traced_cases:
+        missing = feature_checks.missing_features(ctx.task.required_features,
+                                                  ctx.summaries[case.name].pallas_calls)
+        if missing:
+            hints = "; ".join(f"{m}: {feature_checks.how_to_use(m)}" for m in missing)
+            return Failure("missing_feature", f"task {ctx.task.name} requires {', '.join(missing)}, "
+                           f"which no kernel uses at case {case.name} ({hints}).")
+    return None
+
+
+# --- 6. lowering (Pallas -> Mosaic) and compilation for TPU ---------------------------------
+def lowering_stage(ctx: GradingContext) -> Failure | None:
+    cases = ctx.traced_cases
+    reply, _ = ctx.worker.call({"cmd": "lower", "cases": [_case_request(ctx.task, c) for c in cases],
+                                "compile": ctx.backend.device_compile},
+                               what="lowering kernel() for TPU")
+    if not reply["ok"]:
+        case = next(c for c in cases if c.name == reply["case"])
+        status = "compile_error" if reply["phase"] == "compile" else "lowering_error"
+        return Failure(status, f"{reply['phase']} for TPU failed at case {case.describe()}: "
+                               f"{reply['error_type']}: {reply['error']}",
+                       reply["error_type"], reply["error"])
+    if ctx.backend.device_compile:
+        return None  # the real compiler has spoken; no need for the model
+    return _vmem_check(ctx, cases)
+
+
+def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
+    """Without a TPU compiler: refuse kernels whose buffers alone overflow VMEM."""
+    usage = ctx.verdict.details.setdefault("vmem_lower_bound_bytes", {})
+    for case in cases:
+        for call in ctx.summaries[case.name].pallas_calls:
+            need = vmem_lower_bound(call)
+            limit, source = vmem_budget(call, ctx.generation)
+            usage[case.name] = max(usage.get(case.name, 0), need)
+            too_big = call.vmem_limit_bytes and call.vmem_limit_bytes > ctx.generation.vmem_bytes
+            if need > limit or too_big:
+                blocks = ", ".join(f"{b.role} {tuple(b.block_shape)} {b.dtype} x{b.buffer_count}"
+                                   for b in call.blocks if b.memory_space == "vmem")
+                what = (f"asks for vmem_limit_bytes={call.vmem_limit_bytes}, more than the "
+                        f"{ctx.generation.vmem_bytes // MiB} MiB of VMEM on {ctx.generation.name}"
+                        if too_big else
+                        f"needs at least {need / MiB:.1f} MiB of VMEM for its pipelined blocks and "
+                        f"scratch ({blocks}), over {source}")
+                return Failure("compile_error", f"kernel {call.name} at case {case.describe()} {what}; "
+                               "a TPU compiler would reject it (use smaller blocks).",
+                               "VmemOverflow", f"{need} > {limit}")
+    return None
+
+
+# --- 7. run every case on fresh seeds and compare --------------------------------------------
+def run_stage(ctx: GradingContext) -> Failure | None:
+    failures: list[tuple[CaseResult, Failure]] = []
+    for index, case in enumerate(ctx.run_cases):
+        result = CaseResult(case.name, case.split, dict(case.dims), case.dtype, dict(case.params))
+        ctx.verdict.cases.append(result)
+        result.seeds = case_seeds(ctx.base_seed, index, ctx.n_seeds)
+        failure = _run_case(ctx, case, result)
+        if failure is None:
+            result.status = "correct"
+            continue
+        result.status = failure.status
+        failures.append((result, failure))
+        if failure.status in ("timeout", "runtime_error"):
+            break  # the worker may be gone; more cases would only repeat the fault
+    if not failures:
+        return None
+    first_result, first = failures[0]
+    ran = [c for c in ctx.verdict.cases if c.status != "pending"]
+    passed = [c.name for c in ran if c.status == "correct"]
+    summary = f" {len(failures)} of {len(ran)} cases failed"
+    summary += f" (passed: {', '.join(passed[:4])}{'...' if len(passed) > 4 else ''})." if passed else "."
+    first.message += summary
+    return first
+
+
+def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | None:
+    task = ctx.task
+    inputs_per_seed = [ctx.references.inputs(task, case, s) for s in result.seeds]
+    arrays = [a for inputs in inputs_per_seed for a in inputs]
+    reply, outputs = ctx.worker.call({"cmd": "run", "case": case.name, "nargs": len(inputs_per_seed[0])},
+                                     arrays, what=f"running case {case.name}")
+    expected = list(task.out_specs(case))
+    offset, run_s = 0, 0.0
+    worst = None  # (comparison, seed, output index, out, ref): the failing one, else the largest error
+    for seed, inputs, seed_result in zip(result.seeds, inputs_per_seed, reply["results"]):
+        if not seed_result["ok"]:
+            result.error = f"{seed_result['error_type']}: {seed_result['error']}"
+            return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
+                                            f"{result.error}.", seed_result["error_type"], seed_result["error"])
+        run_s += seed_result["seconds"]
+        got = outputs[offset: offset + seed_result["n_outputs"]]
+        offset += seed_result["n_outputs"]
+        shape_problem = _shape_problem(got, expected, seed_result)
+        if shape_problem:
+            result.error = shape_problem
+            return Failure("wrong_shape", f"wrong output structure on case {case.describe()}: "
+                                          f"{shape_problem}.")
+        for i, (out, ref) in enumerate(zip(got, ctx.references.outputs(task, inputs))):
+            cmp = compare(out, ref, task.tolerances[case.dtype])
+            if worst is None or not cmp.ok or cmp.rel_l2_err > worst[0].rel_l2_err:
+                worst = (cmp, seed, i, out, ref)
+            if not cmp.ok:
+                break
+        if not worst[0].ok:
+            break
+    result.run_s = run_s
+    cmp, seed, i, out, ref = worst
+    result.max_abs_err, result.max_rel_err = cmp.max_abs_err, cmp.max_rel_err
+    result.rel_l2_err, result.mismatch_fraction = cmp.rel_l2_err, cmp.mismatch_fraction
+    result.worst_index = cmp.worst_index
+    if cmp.ok:
+        return None
+    where = tuple(cmp.worst_index)
+    which = f"output {i} " if len(expected) > 1 else ""
+    result.error = cmp.reason
+    return Failure("wrong_output", f"wrong values on case {case.describe()}, seed {seed}: {which}"
+                   f"{cmp.reason}; max abs error {cmp.max_abs_err:.3g}, worst at index {list(where)} "
+                   f"(expected {float(ref[where]):.4g}, got {float(np.asarray(out[where], np.float64)):.4g}).")
+
+
+def _shape_problem(got: list[np.ndarray], expected: list, seed_result: dict) -> str:
+    if seed_result["non_arrays"]:
+        return f"kernel() returned non-array values ({', '.join(seed_result['non_arrays'])})"
+    if len(got) != len(expected):
+        return f"expected {len(expected)} output array(s), got {len(got)} ({seed_result['tree']})"
+    for i, (out, spec) in enumerate(zip(got, expected)):
+        label = f"output {i}" if len(expected) > 1 else "the output"
+        if tuple(out.shape) != tuple(spec.shape):
+            return f"{label} has shape {tuple(out.shape)}, expected {tuple(spec.shape)}"
+        if out.dtype.name != spec.dtype:
+            return f"{label} has dtype {out.dtype.name}, expected {spec.dtype}"
+    return ""
+
+
+# --- 8. timing against XLA, on real hardware only ----------------------------------------------
+def timing_stage(ctx: GradingContext) -> Failure | None:
+    if not ctx.backend.times_kernels:
+        return None
+    bench = ctx.task.select(ctx.split, "bench") or ctx.run_cases
+    samples: dict[str, Any] = {}
+    ratios = []
+    for case in bench:
+        reply, _ = ctx.worker.call({"cmd": "time", "task": ctx.task.name, "case": case.name,
+                                    "seed": ctx.base_seed, "warmup": 3, "iters": 20},
+                                   what=f"timing case {case.name}")
+        if not reply["ok"]:
+            return Failure("runtime_error", f"timing case {case.describe()} failed: "
+                           f"{reply.get('error_type')}: {reply.get('error')}",
+                           reply.get("error_type"), reply.get("error"))
+        samples[case.name] = {"kernel_s": reply["kernel_s"], "reference_s": reply["reference_s"]}
+        ratios.append(statistics.median(reply["reference_s"]) / statistics.median(reply["kernel_s"]))
+    ctx.verdict.timings = samples
+    ctx.verdict.speedup = statistics.median(ratios) if ratios else None
+    return None
+
+
+Stage = Callable[[GradingContext], "Failure | None"]
+
+# The evaluator, top to bottom. (name, function); the first failure decides the verdict.
+STAGES: tuple[tuple[str, Stage], ...] = (
+    ("extract", extract_stage),
+    ("policy", policy_stage),
+    ("load", load_stage),
+    ("structure", structure_stage),
+    ("features", features_stage),
+    ("lowering", lowering_stage),
+    ("run", run_stage),
+    ("timing", timing_stage),
+)
+# Stages that need a worker process (everything after the source-only checks).
+WORKER_STAGES = frozenset({"load", "structure", "features", "lowering", "run", "timing"})
+
+
+def correct_message(ctx: GradingContext) -> str:
+    worst = max((c.rel_l2_err or 0.0 for c in ctx.verdict.cases), default=0.0)
+    text = (f"correct: all {len(ctx.verdict.cases)} {ctx.split} cases passed on {ctx.backend.name} "
+            f"(worst relative L2 error {worst:.2g}); lowered for TPU at {len(ctx.traced_cases)} sizes.")
+    if ctx.verdict.speedup is not None:
+        text += f" Speedup over XLA: {ctx.verdict.speedup:.2f}x."
+    return text
+
+
+def _summary_from_dict(d: dict[str, Any]) -> TraceSummary:
+    calls = [PallasCallInfo(**{**c, "blocks": [BlockInfo(**b) for b in c["blocks"]],
+                                "scratch": [tuple(s) for s in c["scratch"]]})
+             for c in d["pallas_calls"]]
+    return TraceSummary(calls, OutsideCost(**d["outside"]), [tuple(o) for o in d["out_shapes"]])
+

@@ -1,0 +1,286 @@
+"""The worker process: runs untrusted candidate code on request, one candidate at a time.
+
+Started by evaluator/sandbox.py as `python -m evaluator.worker`. It imports JAX once and then
+serves requests (load, trace, lower, run, time, reset) over its stdin/stdout pipes, so many
+candidates share one start-up. It never sees the reference or the expected outputs: the host
+compares results. Anything the candidate prints goes to the worker's log, not the pipe.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import os
+import resource
+import shutil
+import sys
+import time
+import types
+from typing import Any, Callable
+
+from evaluator.errors import CANDIDATE_FILENAME, describe_exception
+
+_RACES: list[str] = []
+
+
+def main() -> None:
+    args = _parse_args()
+    _limit_memory(args.memory_gb)
+    proto_in, proto_out = _take_protocol_pipes()
+    os.environ["JAX_PLATFORMS"] = args.platform
+    import numpy as np  # noqa: F401  (warm imports before "ready")
+    import jax
+
+    from evaluator import protocol
+
+    if args.platform == "cpu":
+        jax.config.update("jax_platforms", "cpu")
+    state = _WorkerState(interpret=args.interpret)
+    _install_race_recorder()
+    protocol.write_message(proto_out, {"ready": True, "pid": os.getpid(),
+                                       "jax": jax.__version__})
+    while True:
+        try:
+            header, arrays = protocol.read_message(proto_in)
+        except protocol.PeerClosed:
+            return
+        handler = _HANDLERS.get(header.get("cmd", ""))
+        if handler is None:
+            protocol.write_message(proto_out, {"ok": False, "error": f"unknown command {header}"})
+            continue
+        try:
+            reply, out_arrays = handler(state, header, arrays)
+        except Exception as exc:  # a bug here must still produce a reply, never a hang
+            etype, text = describe_exception(exc)
+            reply, out_arrays = {"ok": False, "error_type": etype, "error": text}, []
+        protocol.write_message(proto_out, reply, out_arrays)
+
+
+@dataclasses.dataclass
+class _WorkerState:
+    interpret: bool
+    module: types.ModuleType | None = None
+    source_lines: list[str] = dataclasses.field(default_factory=list)
+    jitted: Callable[..., Any] | None = None
+
+
+def _parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--platform", default="cpu")
+    p.add_argument("--interpret", action="store_true")
+    p.add_argument("--memory-gb", type=float, default=0)
+    return p.parse_args()
+
+
+def _limit_memory(gb: float) -> None:
+    """Address-space cap: allocations past it fail inside the worker, not on the host."""
+    if gb > 0:
+        limit = int(gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _take_protocol_pipes():
+    """Keep private copies of stdin/stdout for the protocol; point fd 0/1 elsewhere."""
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)  # candidate prints land in the worker log
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    return proto_in, proto_out
+
+
+def _install_race_recorder() -> None:
+    """Interpret mode only prints races; record them so a race becomes a verdict."""
+    try:
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    except ImportError:
+        return
+    base = ipc.RaceDetectionState
+
+    class RecordingRaceState(base):  # type: ignore[misc, valid-type]
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name == "races_found" and value:
+                _RACES.append("race")
+            super().__setattr__(name, value)
+
+    ipc.RaceDetectionState = RecordingRaceState
+
+
+# --- request handlers: (state, header, arrays) -> (reply, arrays) ---------------------------
+
+def _load(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    source = header["source"]
+    state.source_lines = source.splitlines()
+    module = types.ModuleType("candidate")
+    module.__file__ = CANDIDATE_FILENAME
+    try:
+        code = compile(source, CANDIDATE_FILENAME, "exec")
+        exec(code, module.__dict__)
+    except BaseException as exc:  # SystemExit too: the candidate must not end the worker
+        etype, text = describe_exception(exc, state.source_lines)
+        return {"ok": False, "error_type": etype, "error": text}, []
+    kernel = module.__dict__.get("kernel")
+    if not callable(kernel):
+        return {"ok": False, "error_type": "NameError",
+                "error": "the module does not define a callable `kernel`"}, []
+    import jax
+
+    state.module = module
+    state.jitted = jax.jit(kernel)
+    return {"ok": True}, []
+
+
+def _specs(case: dict) -> list:
+    import jax
+    import jax.numpy as jnp
+
+    return [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)) for shape, dtype in case["args"]]
+
+
+def _trace(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    """make_jaxpr at every requested case: cheap, so bench sizes are traced too."""
+    import jax
+
+    from evaluator.jaxpr_analysis import summarize
+
+    summaries = []
+    for case in header["cases"]:
+        try:
+            closed = jax.make_jaxpr(state.module.kernel)(*_specs(case))
+        except Exception as exc:
+            etype, text = describe_exception(exc, state.source_lines)
+            return {"ok": False, "case": case["name"], "error_type": etype, "error": text}, []
+        summaries.append({"case": case["name"], **dataclasses.asdict(summarize(closed))})
+    return {"ok": True, "summaries": summaries}, []
+
+
+def _lower(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    """Pallas -> Mosaic lowering for TPU (works without a TPU); compile on a real one."""
+    for case in header["cases"]:
+        phase = "lowering"
+        try:
+            lowered = state.jitted.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
+            if header.get("compile"):
+                phase = "compile"
+                lowered.compile()
+        except Exception as exc:
+            etype, text = describe_exception(exc, state.source_lines)
+            return {"ok": False, "phase": phase, "case": case["name"],
+                    "error_type": etype, "error": text}, []
+    return {"ok": True}, []
+
+
+def _run(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    """Run one case on each seed's inputs; outputs go back as plain numpy arrays."""
+    import jax
+    import numpy as np
+
+    nargs = header["nargs"]
+    outputs, results = [], []
+    for s in range(len(arrays) // nargs):
+        inputs = arrays[s * nargs:(s + 1) * nargs]
+        del _RACES[:]
+        start = time.perf_counter()
+        try:
+            out = _call_kernel(state, inputs)
+            leaves = jax.tree_util.tree_leaves(out)
+            host = [np.array(leaf) for leaf in leaves]  # copies off the device
+        except Exception as exc:
+            etype, text = describe_exception(exc, state.source_lines)
+            results.append({"ok": False, "error_type": etype, "error": text})
+            break
+        finally:
+            _reset_interpret_state()
+        if _RACES:
+            results.append({"ok": False, "error_type": "DataRace", "error":
+                            "TPU interpret mode detected a data race: two accesses to one buffer "
+                            "(at least one a write) not ordered by a DMA wait or semaphore."})
+            break
+        bad = [type(leaf).__name__ for leaf in leaves if not hasattr(leaf, "shape")]
+        results.append({"ok": True, "n_outputs": len(host), "non_arrays": bad,
+                        "tree": str(jax.tree_util.tree_structure(out)),
+                        "seconds": time.perf_counter() - start})
+        outputs.extend(host)
+    return {"ok": True, "results": results}, outputs
+
+
+def _call_kernel(state: _WorkerState, inputs: list) -> Any:
+    import jax
+
+    if not state.interpret:
+        return jax.block_until_ready(state.jitted(*inputs))
+    from jax.experimental.pallas import tpu as pltpu
+
+    params = pltpu.InterpretParams(detect_races=True, out_of_bounds_reads="raise",
+                                   uninitialized_memory="nan")
+    with pltpu.force_tpu_interpret_mode(params):
+        return jax.block_until_ready(state.jitted(*inputs))
+
+
+def _reset_interpret_state() -> None:
+    try:
+        from jax.experimental.pallas import tpu as pltpu
+
+        pltpu.reset_tpu_interpret_mode_state()
+    except Exception:
+        pass
+
+
+def _time(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    """Stage 8 on real hardware: median wall time of kernel and XLA reference, same inputs."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tasks
+
+    task = tasks.get_task(header["task"])
+    case = next(c for c in task.cases if c.name == header["case"])
+    inputs = [jax.device_put(a) for a in task.make_inputs(case, np.random.default_rng(header["seed"]))]
+    reference = jax.jit(lambda *xs: task.reference(*[x.astype(jnp.float32)
+                                                     if jnp.issubdtype(x.dtype, jnp.floating) else x
+                                                     for x in xs]))
+    kernel_s = time_callable(state.jitted, inputs, header["warmup"], header["iters"])
+    reference_s = time_callable(reference, inputs, header["warmup"], header["iters"])
+    return {"ok": True, "kernel_s": kernel_s, "reference_s": reference_s}, []
+
+
+def time_callable(fn: Callable[..., Any], inputs: list, warmup: int, iters: int) -> list[float]:
+    """Raw per-call wall times; block_until_ready, or we would time only the dispatch."""
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*inputs))
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*inputs))
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _reset(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    """Forget the candidate: module, compiled programs, interpret state, temp files."""
+    import jax
+
+    state.module, state.jitted, state.source_lines = None, None, []
+    jax.clear_caches()
+    _reset_interpret_state()
+    cwd = os.getcwd()
+    for name in os.listdir(cwd):
+        path = os.path.join(cwd, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+    gc.collect()
+    return {"ok": True}, []
+
+
+def _ping(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    return {"ok": True, "echo": header.get("echo")}, list(arrays)
+
+
+_HANDLERS = {"load": _load, "trace": _trace, "lower": _lower, "run": _run, "time": _time,
+             "reset": _reset, "ping": _ping}
+
+if __name__ == "__main__":
+    main()

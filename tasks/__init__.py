@@ -1,0 +1,54 @@
+"""The task suite: one folder per task, each with `task.py` (defining `TASK`) and `solution.py`.
+
+The registry finds task folders on import and fails loudly on duplicates and unknown names.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+from pathlib import Path
+
+from tasks.spec import ArgSpec, Case, Task, Tolerance  # noqa: F401  (re-exported contract)
+
+_REGISTRY: dict[str, Task] = {}
+
+
+class UnknownTaskError(KeyError):
+    """Raised for a task name that is not registered; the message suggests near matches."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def register(task: Task) -> Task:
+    if task.name in _REGISTRY:
+        raise ValueError(f"task {task.name!r} is registered twice")
+    _REGISTRY[task.name] = task
+    return task
+
+
+def _discover() -> None:
+    root = Path(__file__).parent
+    for info in sorted(pkgutil.iter_modules([str(root)]), key=lambda m: m.name):
+        if not info.ispkg:
+            continue
+        module = importlib.import_module(f"tasks.{info.name}.task")
+        register(module.TASK)
+
+
+def all_tasks() -> list[Task]:
+    if not _REGISTRY:
+        _discover()
+    return sorted(_REGISTRY.values(), key=lambda t: (t.level, t.name))
+
+
+def get_task(name: str) -> Task:
+    if not _REGISTRY:
+        _discover()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        near = difflib.get_close_matches(name, list(_REGISTRY), n=3)
+        hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {', '.join(sorted(_REGISTRY))}"
+        raise UnknownTaskError(f"unknown task {name!r}{hint}") from None

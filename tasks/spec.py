@@ -1,0 +1,187 @@
+"""The task contract: what a kernel problem is, independent of any one problem.
+
+A task is a pure-JAX reference, a seeded input maker and a list of cases. The evaluator
+only ever talks to tasks through the types in this module, so adding a task never means
+touching the evaluator.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+import numpy as np
+
+Split = Literal["train", "heldout"]
+Size = Literal["check", "bench"]
+SPLITS: tuple[str, ...] = ("train", "heldout")
+SIZES: tuple[str, ...] = ("check", "bench")
+
+# Features the evaluator can verify in a kernel's jaxpr (see evaluator/features.py).
+KNOWN_FEATURES: tuple[str, ...] = (
+    "manual_dma",      # async copies started and waited inside the kernel
+    "vmem_scratch",    # a scratch buffer in VMEM (e.g. an f32 accumulator)
+    "scalar_prefetch", # indices/metadata prefetched to SMEM and used by index maps
+    "parallel_grid",   # at least one grid axis marked "parallel" (megacore sharding)
+)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """Shape and dtype of one kernel argument or output (no data)."""
+
+    shape: tuple[int, ...]
+    dtype: str  # numpy/jax dtype name: "float32", "bfloat16", "int32"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem instance: shape dims, dtype and static params.
+
+    `split` says who may see it (train cases may appear in prompts and data; heldout never);
+    `size` says what it is for (check: run under interpret mode in seconds; bench: traced,
+    lowered and timed on hardware, never run on a CPU).
+    """
+
+    name: str
+    split: Split
+    size: Size
+    dims: dict[str, int]
+    dtype: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"case {self.name!r}: split must be one of {SPLITS}, got {self.split!r}")
+        if self.size not in SIZES:
+            raise ValueError(f"case {self.name!r}: size must be one of {SIZES}, got {self.size!r}")
+
+    def describe(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
+        params = "".join(f", {k}={v}" for k, v in self.params.items())
+        return f"{self.name} ({dims}, {self.dtype}{params})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When is an output close enough to the reference?
+
+    Element-wise: |out - ref| <= atol * rms(ref) + rtol * |ref| (atol is relative to the
+    output's scale, so one policy fits outputs of any magnitude), and the whole-tensor
+    relative L2 error ||out - ref|| / ||ref|| <= rel_l2. The L2 bound is what makes zeros,
+    constants and garbage fail even where the reference is small everywhere (softmax).
+    """
+
+    atol: float
+    rtol: float
+    rel_l2: float
+
+
+# Chosen to pass honest kernels on real TPUs (f32 matmuls may run in bf16 passes on the MXU)
+# while rejecting bf16 accumulation, missing max-subtraction and the like. Tests in
+# tests/test_tolerance.py prove zeros, constants, inputs and perturbed blocks fail.
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "float32": Tolerance(atol=1e-2, rtol=1e-2, rel_l2=5e-3),
+    "bfloat16": Tolerance(atol=3e-2, rtol=3e-2, rel_l2=1.5e-2),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """A kernel problem. See tasks/README.md for how to add one."""
+
+    name: str
+    version: int
+    level: int
+    description: str
+    signature: str
+    reference: Callable[..., Any]
+    arg_specs: Callable[[Case], Sequence[ArgSpec]]
+    make_inputs: Callable[[Case, np.random.Generator], tuple[np.ndarray, ...]]
+    out_specs: Callable[[Case], Sequence[ArgSpec]]
+    cases: tuple[Case, ...]
+    solution_path: Path
+    required_features: tuple[str, ...] = ()
+    tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    heldout_task: bool = False  # whole task never used for training data
+
+    def __post_init__(self) -> None:
+        unknown = set(self.required_features) - set(KNOWN_FEATURES)
+        if unknown:
+            raise ValueError(f"task {self.name!r}: unknown required_features {sorted(unknown)}")
+        names = [c.name for c in self.cases]
+        if len(names) != len(set(names)):
+            raise ValueError(f"task {self.name!r}: duplicate case names")
+        for split in SPLITS:
+            if not any(c.split == split and c.size == "check" for c in self.cases):
+                raise ValueError(f"task {self.name!r}: no check-size {split} case")
+        for case in self.cases:
+            if case.dtype not in self.tolerances:
+                raise ValueError(f"task {self.name!r}: no tolerance for dtype {case.dtype!r}")
+
+    def select(self, split: str = "all", size: str | None = None) -> list[Case]:
+        """Cases of a split ('train', 'heldout' or 'all'), optionally of one size."""
+        if split not in (*SPLITS, "all"):
+            raise ValueError(f"split must be train, heldout or all, got {split!r}")
+        return [
+            c for c in self.cases
+            if (split == "all" or c.split == split) and (size is None or c.size == size)
+        ]
+
+    def solution_source(self) -> str:
+        return self.solution_path.read_text()
+
+    @property
+    def dtypes(self) -> list[str]:
+        return sorted({c.dtype for c in self.cases})
+
+    def summary(self) -> dict[str, Any]:
+        """What `python -m evaluator tasks --json` prints for this task."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "level": self.level,
+            "description": self.description,
+            "signature": self.signature,
+            "dtypes": self.dtypes,
+            "required_features": list(self.required_features),
+            "heldout_task": self.heldout_task,
+            "cases": {
+                f"{split}/{size}": len(self.select(split, size)) for split in SPLITS for size in SIZES
+            },
+        }
+
+
+def case_grid(
+    split: Split, size: Size, dims_list: Sequence[dict[str, int]], dtypes: Sequence[str],
+    params: dict[str, Any] | None = None,
+) -> list[Case]:
+    """Cases for every (dims, dtype) pair, named from their values so names stay unique."""
+    cases = []
+    for dims in dims_list:
+        for dtype in dtypes:
+            short = {"float32": "f32", "bfloat16": "bf16"}.get(dtype, dtype)
+            label = "_".join(f"{k}{v}" for k, v in dims.items())
+            cases.append(Case(f"{split}_{size}_{label}_{short}", split, size, dict(dims), dtype,
+                              dict(params or {})))
+    return cases
+
+
+def normal(rng: np.random.Generator, shape: Sequence[int], dtype: str, scale: float = 1.0,
+           shift: float = 0.0) -> np.ndarray:
+    """Gaussian input cast to `dtype` (bf16 via ml_dtypes, which ships with jax)."""
+    values = rng.standard_normal(tuple(shape), dtype=np.float32) * scale + shift
+    return values.astype(np_dtype(dtype))
+
+
+def np_dtype(name: str) -> np.dtype:
+    """numpy dtype from its name, bfloat16 included."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
