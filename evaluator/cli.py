@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from evaluator.backends import BACKENDS
@@ -99,7 +100,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         table.add_column(col)
     for t in suite:
         s = t.summary()["cases"]
-        table.add_row(t.name, str(t.level), t.signature, ", ".join(t.dtypes),
+        table.add_row(t.name, str(t.level), escape(t.signature), ", ".join(t.dtypes),
                       ", ".join(t.required_features) or "-",
                       f"{s['train/check']}+{s['train/bench']} / {s['heldout/check']}+{s['heldout/bench']}")
     console.print(table)
@@ -148,7 +149,7 @@ def cmd_check_solutions(args: argparse.Namespace) -> int:
         print(json.dumps([v.to_dict() for v in verdicts], indent=2))
     else:
         for v in failed:
-            console.print(f"[red]{v.task}[/]: {v.message}")
+            console.print(f"[red]{v.task}[/]: {escape(v.message)}")
         console.print(f"{len(verdicts) - len(failed)}/{len(verdicts)} solutions correct "
                       f"in {time.perf_counter() - start:.0f} s")
     return 1 if failed else 0
@@ -158,7 +159,7 @@ def _print_verdict(v: Verdict) -> None:
     color = "green" if v.ok else "red"
     console.print(f"[bold {color}]{v.status}[/] ({v.task} v{v.task_version}, split {v.split}, "
                   f"backend {v.backend}, {v.wall_s:.1f} s)")
-    console.print(v.message)
+    console.print(escape(v.message))
     if v.cases:
         table = Table()
         for col in ("case", "status", "rel L2 err", "max abs err", "run s"):

@@ -19,6 +19,9 @@ from tasks import get_task
 from tasks.spec import Task
 
 EVALUATOR_VERSION = "0.1.0"
+# Verdicts after which the worker is replaced rather than reset: the candidate's fault may
+# have left the worker's JAX runtime in a bad state (seen: every run fails after an OOM).
+RECYCLE_AFTER = frozenset({"runtime_error", "timeout"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Evaluator:
 
     def _run_stages(self, ctx: GradingContext) -> Failure | None:
         lease = None
+        failure: Failure | None = None
         try:
             for name, stage in STAGES:
                 if name in WORKER_STAGES and ctx.worker is None:
@@ -93,7 +97,9 @@ class Evaluator:
             return None
         finally:
             if lease is not None:
-                if ctx.worker.alive:
+                if failure is not None and failure.status in RECYCLE_AFTER:
+                    ctx.worker.kill()  # a fault can leave JAX's runtime unusable (e.g. after OOM)
+                elif ctx.worker.alive:
                     try:
                         ctx.worker.call({"cmd": "reset"}, timeout_s=30, what="resetting")
                     except WorkerError:

@@ -17,17 +17,18 @@ MiB = 1 << 20
 @dataclass(frozen=True)
 class TpuGeneration:
     name: str
+    device_kind: str  # what jax.devices()[0].device_kind says on such a chip
     vmem_bytes: int
     default_scoped_vmem_bytes: int
 
 
 GENERATIONS: dict[str, TpuGeneration] = {
     g.name: g for g in (
-        TpuGeneration("v4", 16 * MiB, 16 * MiB),
-        TpuGeneration("v5e", 128 * MiB, 16 * MiB),
-        TpuGeneration("v5p", 64 * MiB, 16 * MiB),
-        TpuGeneration("v6e", 128 * MiB, 32 * MiB),
-        TpuGeneration("v7x", 64 * MiB, 32 * MiB),
+        TpuGeneration("v4", "TPU v4", 16 * MiB, 16 * MiB),
+        TpuGeneration("v5e", "TPU v5 lite", 128 * MiB, 16 * MiB),
+        TpuGeneration("v5p", "TPU v5", 64 * MiB, 16 * MiB),
+        TpuGeneration("v6e", "TPU v6 lite", 128 * MiB, 32 * MiB),
+        TpuGeneration("v7x", "TPU7x", 64 * MiB, 32 * MiB),
     )
 }
 DEFAULT_GENERATION = "v5e"

@@ -155,7 +155,10 @@ def features_stage(ctx: GradingContext) -> Failure | None:
 def lowering_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
     reply, _ = ctx.worker.call({"cmd": "lower", "cases": [_case_request(ctx.task, c) for c in cases],
-                                "compile": ctx.backend.device_compile},
+                                "compile": ctx.backend.device_compile,
+                                # without a TPU, lower as if for the target generation
+                                "device_kind": None if ctx.backend.device_compile
+                                else ctx.generation.device_kind},
                                what="lowering kernel() for TPU")
     if not reply["ok"]:
         case = next(c for c in cases if c.name == reply["case"])
@@ -228,7 +231,7 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
     worst = None  # (comparison, seed, output index, out, ref): the failing one, else the largest error
     for seed, inputs, seed_result in zip(result.seeds, inputs_per_seed, reply["results"]):
         if not seed_result["ok"]:
-            result.error = f"{seed_result['error_type']}: {seed_result['error']}"
+            result.error = f"{seed_result['error_type']}: {seed_result['error'].rstrip('.')}"
             return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
                                             f"{result.error}.", seed_result["error_type"], seed_result["error"])
         run_s += seed_result["seconds"]
@@ -317,7 +320,7 @@ WORKER_STAGES = frozenset({"load", "structure", "features", "lowering", "run", "
 
 def correct_message(ctx: GradingContext) -> str:
     worst = max((c.rel_l2_err or 0.0 for c in ctx.verdict.cases), default=0.0)
-    text = (f"correct: all {len(ctx.verdict.cases)} {ctx.split} cases passed on {ctx.backend.name} "
+    text = (f"correct: all {len(ctx.verdict.cases)} cases of split {ctx.split!r} passed on {ctx.backend.name} "
             f"(worst relative L2 error {worst:.2g}); lowered for TPU at {len(ctx.traced_cases)} sizes.")
     if ctx.verdict.speedup is not None:
         text += f" Speedup over XLA: {ctx.verdict.speedup:.2f}x."

@@ -8,6 +8,7 @@ compares results. Anything the candidate prints goes to the worker's log, not th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import os
@@ -16,7 +17,7 @@ import shutil
 import sys
 import time
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from evaluator.errors import CANDIDATE_FILENAME, describe_exception
 
@@ -160,7 +161,8 @@ def _lower(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]
     for case in header["cases"]:
         phase = "lowering"
         try:
-            lowered = state.jitted.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
+            with _target_device_kind(header.get("device_kind")):
+                lowered = state.jitted.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
             if header.get("compile"):
                 phase = "compile"
                 lowered.compile()
@@ -169,6 +171,27 @@ def _lower(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]
             return {"ok": False, "phase": phase, "case": case["name"],
                     "error_type": etype, "error": text}, []
     return {"ok": True}, []
+
+
+@contextlib.contextmanager
+def _target_device_kind(device_kind: str | None) -> Iterator[None]:
+    """Make Pallas lowering rules that ask "which TPU is this?" see the target chip.
+
+    Some rules (rank-1 blocks, tiling inference, sign) query the default device, which is
+    the CPU here, and would fail with "Unsupported TPU device kind: cpu". On a TPU host
+    (device_kind None) nothing is changed.
+    """
+    if not device_kind:
+        yield
+        return
+    from jax._src.pallas.mosaic import tpu_info
+
+    saved = tpu_info.get_device_kind, tpu_info.get_num_device_cores
+    tpu_info.get_device_kind, tpu_info.get_num_device_cores = (lambda: device_kind), (lambda: 1)
+    try:
+        yield
+    finally:
+        tpu_info.get_device_kind, tpu_info.get_num_device_cores = saved
 
 
 def _run(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:

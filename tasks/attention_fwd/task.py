@@ -1,0 +1,97 @@
+"""attention_fwd: softmax(q @ k^T * head_dim**-0.5) @ v over [batch, heads, seq, head_dim], no mask.
+
+The helpers here are shared with attention_fwd_causal, which passes causal=True.
+"""
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+
+_DTYPES = ("float32", "bfloat16")
+# q and k scaled so the logits have std ~2.25: the softmax is peaky (a few keys dominate each row),
+# so outputs are O(0.1-1), not washed out to ~0 by averaging many values of v.
+_QK_SCALE = 1.5
+
+
+def attention_reference(q, k, v, *, causal: bool):
+    """Plain-jnp attention in float32; output in q.dtype."""
+    out_dtype = q.dtype
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    scale = q.shape[-1] ** -0.5
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=lax.Precision.HIGHEST) * scale
+    if causal:
+        seq_q, seq_k = s.shape[-2:]
+        visible = jnp.arange(seq_q)[:, None] >= jnp.arange(seq_k)[None, :]  # [seq_q, seq_k]
+        s = jnp.where(visible, s, -jnp.inf)
+    p = _softmax(s)
+    o = jnp.einsum("bhqk,bhkd->bhqd", p, v, precision=lax.Precision.HIGHEST)
+    return o.astype(out_dtype)
+
+
+def _softmax(s):
+    s = s - jnp.max(s, axis=-1, keepdims=True)
+    e = jnp.exp(s)
+    return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def reference(q, k, v):
+    return attention_reference(q, k, v, causal=False)
+
+
+def arg_specs(case: Case) -> list[ArgSpec]:
+    d = case.dims
+    shape = (d["b"], d["h"], d["s"], d["d"])
+    return [ArgSpec(shape, case.dtype)] * 3
+
+
+def out_specs(case: Case) -> list[ArgSpec]:
+    return arg_specs(case)[:1]
+
+
+def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    q_spec, k_spec, v_spec = arg_specs(case)
+    return (normal(rng, q_spec.shape, case.dtype, scale=_QK_SCALE),
+            normal(rng, k_spec.shape, case.dtype, scale=_QK_SCALE),
+            normal(rng, v_spec.shape, case.dtype))
+
+
+# Check sizes keep every TPU-interpret grid at <= 16 steps with 128-row blocks.
+CASES = (
+    case_grid("train", "check", [dict(b=2, h=2, s=256, d=128), dict(b=1, h=4, s=128, d=128)], _DTYPES)
+    # Held-out shapes differ in kind: a sequence that is not a multiple of 128 (padding and
+    # masking of padded keys), head_dim 64, batch 1.
+    + case_grid("heldout", "check", [dict(b=1, h=2, s=200, d=128), dict(b=1, h=3, s=256, d=64)],
+                _DTYPES)
+    + case_grid("train", "bench", [dict(b=4, h=16, s=4096, d=128)], _DTYPES)
+    + case_grid("heldout", "bench", [dict(b=1, h=8, s=3000, d=64)], _DTYPES)
+)
+
+
+def build_task(*, name: str, description: str, reference_fn, solution_path: Path) -> Task:
+    """An attention-forward task over the shared cases; the two variants differ only in the mask."""
+    return Task(
+        name=name,
+        version=1,
+        level=3,
+        description=description,
+        signature="kernel(q[B, H, S, D], k[B, H, S, D], v[B, H, S, D]) -> o[B, H, S, D]",
+        reference=reference_fn,
+        arg_specs=arg_specs,
+        make_inputs=make_inputs,
+        out_specs=out_specs,
+        cases=tuple(CASES),
+        solution_path=solution_path,
+        required_features=(),
+    )
+
+
+TASK = build_task(
+    name="attention_fwd",
+    description=("Multi-head attention forward, no mask: softmax(q @ k^T * head_dim**-0.5) @ v, "
+                 "softmax in float32; output in q.dtype."),
+    reference_fn=reference,
+    solution_path=Path(__file__).with_name("solution.py"),
+)

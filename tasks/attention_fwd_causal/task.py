@@ -1,0 +1,17 @@
+"""attention_fwd_causal: attention_fwd with a causal mask (query i sees keys j <= i)."""
+from pathlib import Path
+
+from tasks.attention_fwd.task import attention_reference, build_task
+
+
+def reference(q, k, v):
+    return attention_reference(q, k, v, causal=True)
+
+
+TASK = build_task(
+    name="attention_fwd_causal",
+    description=("Causal multi-head attention forward: query i attends to keys j <= i; "
+                 "softmax(q @ k^T * head_dim**-0.5) @ v, softmax in float32; output in q.dtype."),
+    reference_fn=reference,
+    solution_path=Path(__file__).with_name("solution.py"),
+)

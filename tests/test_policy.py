@@ -1,0 +1,63 @@
+import pytest
+
+from evaluator import policy
+from tasks import all_tasks
+from tests.conftest import HONEST
+
+
+def flagged(source: str) -> list[str]:
+    return [v.message for v in policy.violations(policy.parse(source))]
+
+
+@pytest.mark.parametrize("source", [
+    "import os",
+    "import sys",
+    "import gc",
+    "import inspect",
+    "import ctypes",
+    "import threading",
+    "import subprocess",
+    "import socket",
+    "import time",
+    "import importlib",
+    "from jax._src import core",
+    "x = open('f').read()",
+    "eval('1')",
+    "exec('x = 1')",
+    "__import__('os')",
+    "f = globals()['kernel']",
+    "y = ().__class__.__base__.__subclasses__()",
+    "z = getattr(jax, name)",
+    "z = getattr(jax, '__dict__')",
+    "out = pl.pallas_call(k, out_shape=s, interpret=True)(x)",
+    "out = pl.pallas_call(k, out_shape=s, **{'interpret': True})(x)",
+    "pltpu.force_tpu_interpret_mode(p)",
+    "jax.config.update('jax_enable_x64', True)",
+    "import numpy as np\nnp.save('x.npy', a)",
+    "import numpy as onp\na = onp.load('x.npy')",
+    "setattr(pl, 'pallas_call', f)",
+])
+def test_forbidden_code_is_flagged(source):
+    assert flagged(source), source
+
+
+@pytest.mark.parametrize("source", [
+    "import jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl",
+    "from jax.experimental.pallas import tpu as pltpu\nimport functools, math",
+    "x = pl.load(ref, idx)\ny = pltpu.load(ref)",  # Pallas' own load is not numpy file I/O
+    "if __name__ == '__main__':\n    pass",
+    "v = getattr(pltpu, 'CompilerParams', None)",
+])
+def test_ordinary_kernel_code_is_allowed(source):
+    assert flagged(source) == []
+
+
+def test_all_reference_and_honest_solutions_pass_the_policy():
+    sources = [t.solution_source() for t in all_tasks()] + [p.read_text() for p in HONEST.glob("*.py")]
+    for source in sources:
+        assert flagged(source) == []
+
+
+def test_syntax_error_reports_the_line():
+    with pytest.raises(policy.PolicySyntaxError, match="line 2"):
+        policy.parse("def kernel(x):\n    return (x\n")

@@ -1,0 +1,102 @@
+"""The worker sandbox on its own: crashes, hangs, children, environment, temp dir, reuse.
+
+These drive evaluator.sandbox.Worker directly (no policy stage), the way a candidate that
+slipped past the static checks would.
+"""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from evaluator.backends import get_backend
+from evaluator.sandbox import Limits, Worker, WorkerError, WorkerPool
+
+
+@pytest.fixture()
+def worker():
+    w = Worker(get_backend("tpu-interpret"), Limits(step_timeout_s=5, memory_gb=4))
+    yield w
+    w.kill()
+
+
+def load(worker, source):
+    return worker.call({"cmd": "load", "source": source})[0]
+
+
+def test_worker_is_reused_between_requests(worker):
+    assert load(worker, "def kernel(x):\n    return x\n")["ok"]
+    pid = worker.proc.pid
+    worker.call({"cmd": "reset"})
+    assert load(worker, "def kernel(x):\n    return x\n")["ok"]
+    assert worker.proc.pid == pid
+
+
+def test_hard_exit_becomes_a_crash_and_the_next_call_gets_a_fresh_worker(worker):
+    with pytest.raises(WorkerError) as info:
+        load(worker, "import os\nos._exit(3)\n")
+    assert info.value.kind == "crash" and "code 3" in str(info.value)
+    assert load(worker, "def kernel(x):\n    return x\n")["ok"]
+
+
+def test_signal_death_is_reported(worker):
+    with pytest.raises(WorkerError, match="SIGKILL"):
+        load(worker, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+
+
+def test_hang_is_killed_with_its_children(worker):
+    marker = "987654.321"
+    source = ("import subprocess\n"
+              f"subprocess.Popen(['sleep', '{marker}'])\n"
+              "while True:\n    pass\n")
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        load(worker, source)
+    assert info.value.kind == "timeout"
+    assert time.monotonic() - start < 15
+    time.sleep(0.5)
+    survivors = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    assert survivors.stdout.strip() == ""
+
+
+def test_memory_limit_is_enforced(worker):
+    reply = load(worker, "import numpy as np\nbig = np.ones(8 << 30, dtype=np.uint8)\n")
+    assert not reply["ok"] and reply["error_type"] == "MemoryError"
+
+
+def test_candidate_exceptions_and_system_exit_are_replies_not_crashes(worker):
+    reply = load(worker, "raise SystemExit(0)\n")
+    assert not reply["ok"] and reply["error_type"] == "SystemExit"
+    assert worker.alive
+
+
+def test_environment_is_scrubbed_and_temp_dir_is_private(worker, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "secret-token")
+    monkeypatch.setenv("OPENAI_API_KEY", "secret-key")
+    worker.kill()
+    reply = load(worker, "import os\nopen('scratch.txt', 'w').write('x')\n"
+                         "raise RuntimeError('CWD=' + os.getcwd() + ' ENV=' + ','.join(os.environ))\n")
+    env = re.search(r"ENV=(\S*)", reply["error"]).group(1).split(",")
+    assert "HF_TOKEN" not in env and "OPENAI_API_KEY" not in env and "PATH" in env
+    workdir = re.search(r"CWD=(\S+)", reply["error"]).group(1)
+    assert os.path.exists(os.path.join(workdir, "scratch.txt"))
+    assert not os.getcwd().startswith(workdir)
+    worker.call({"cmd": "reset"})
+    assert os.listdir(workdir) == []
+    worker.kill()
+    assert not os.path.exists(workdir)
+
+
+def test_prints_do_not_corrupt_the_protocol(worker):
+    assert load(worker, "print('hello ' * 1000)\ndef kernel(x):\n    return x\n")["ok"]
+    assert worker.call({"cmd": "ping", "echo": 7})[0]["echo"] == 7
+
+
+def test_pool_replaces_a_dead_worker():
+    with WorkerPool(get_backend("tpu-interpret"), size=1, limits=Limits(step_timeout_s=5)) as pool:
+        with pool.lease() as w:
+            with pytest.raises(WorkerError):
+                w.call({"cmd": "load", "source": "import os\nos._exit(1)\n"})
+        with pool.lease() as w:
+            assert w.call({"cmd": "ping", "echo": 1})[0]["echo"] == 1

@@ -1,0 +1,79 @@
+"""Every failure status, produced by a real broken candidate (tests/candidates/)."""
+import pytest
+
+from evaluator.record import STATUSES
+from tests.conftest import read_candidate
+
+# (candidate file, task, expected status)
+CASES = [
+    ("syntax_error", "softmax", "syntax_error"),
+    ("policy_violation_import_os", "softmax", "policy_violation"),
+    ("import_error_raises", "softmax", "import_error"),
+    ("no_kernel_plain_jnp", "softmax", "no_kernel"),
+    ("work_outside_dot", "matmul", "work_outside_kernel"),
+    ("work_outside_row_max", "softmax", "work_outside_kernel"),
+    ("work_outside_pure_callback", "softmax", "work_outside_kernel"),
+    ("missing_feature_no_scalar_prefetch", "grouped_matmul", "missing_feature"),
+    ("lowering_error_block_7x100", "matmul", "lowering_error"),
+    ("compile_error_vmem_overflow", "matmul", "compile_error"),
+    ("runtime_error_index_map_out_of_range", "matmul", "runtime_error"),
+    ("runtime_error_memory_hog", "matmul", "runtime_error"),
+    ("wrong_shape_dtype", "matmul", "wrong_shape"),
+    ("wrong_output_zeros", "matmul", "wrong_output"),
+    ("wrong_output_missing_acc_init", "matmul", "wrong_output"),
+]
+TIMEOUTS = [
+    ("timeout_python_loop", "matmul"),
+    ("timeout_kernel_loop", "matmul"),
+]
+
+
+@pytest.mark.parametrize("name,task,status", CASES, ids=[c[0] for c in CASES])
+def test_broken_candidate_gets_its_status(evaluator, name, task, status):
+    verdict = evaluator.grade(task, read_candidate(name), split="train")
+    assert verdict.status == status, verdict.message
+    assert verdict.message.startswith(status)
+
+
+@pytest.mark.parametrize("name,task", TIMEOUTS, ids=[t[0] for t in TIMEOUTS])
+def test_hanging_candidate_times_out_and_next_one_is_graded(quick_timeout_evaluator, name, task):
+    verdict = quick_timeout_evaluator.grade(task, read_candidate(name), split="train")
+    assert verdict.status == "timeout", verdict.message
+    assert verdict.wall_s < 60
+    # the pool replaced the killed worker: an honest kernel is graded normally afterwards
+    again = quick_timeout_evaluator.grade("softmax", read_candidate("no_kernel_plain_jnp"))
+    assert again.status == "no_kernel"
+
+
+def test_extraction_error_for_an_answer_without_code(evaluator):
+    verdict = evaluator.grade("matmul", "I am sorry, I cannot write this kernel.")
+    assert verdict.status == "extraction_error"
+
+
+def test_every_failure_status_is_covered():
+    covered = {c[2] for c in CASES} | {"timeout", "extraction_error", "correct"}
+    assert covered == set(STATUSES)
+
+
+def test_memory_exhaustion_does_not_poison_the_next_grading(evaluator):
+    hog = evaluator.grade("matmul", read_candidate("runtime_error_memory_hog"))
+    assert hog.status == "runtime_error"
+    from tasks import get_task
+
+    good = evaluator.grade("matmul", get_task("matmul").solution_source(), split="train")
+    assert good.status == "correct", good.message
+
+
+def test_feedback_names_case_and_error_metrics(evaluator):
+    verdict = evaluator.grade("matmul", read_candidate("wrong_output_zeros"))
+    assert "train_check_" in verdict.message
+    assert "relative L2 error" in verdict.message and "max abs error" in verdict.message
+    failing = [c for c in verdict.cases if c.status == "wrong_output"]
+    assert failing and failing[0].rel_l2_err == pytest.approx(1.0, abs=1e-6)
+    assert len(verdict.message) < 800
+
+
+def test_runtime_error_feedback_has_the_real_error(evaluator):
+    verdict = evaluator.grade("matmul", read_candidate("runtime_error_index_map_out_of_range"))
+    assert "Out-of-bounds block index" in verdict.message
+    assert verdict.error_type == "IndexError"

@@ -1,0 +1,47 @@
+"""The comparison rejects what a lazy or cheating kernel returns, on every task's inputs."""
+import numpy as np
+import pytest
+
+from evaluator.compare import compare
+from evaluator.reference import ReferenceCache
+from tasks import all_tasks
+from tasks.spec import np_dtype
+
+REFS = ReferenceCache()
+CHECK_CASES = [(t, c) for t in all_tasks() for c in t.select("all", "check")]
+
+
+def _reference(task, case, seed=0):
+    inputs = REFS.inputs(task, case, seed)
+    return inputs, REFS.outputs(task, inputs)
+
+
+@pytest.mark.parametrize("task,case", CHECK_CASES, ids=[f"{t.name}-{c.name}" for t, c in CHECK_CASES])
+def test_bad_outputs_fail_and_the_rounded_reference_passes(task, case):
+    inputs, refs = _reference(task, case)
+    tol = task.tolerances[case.dtype]
+    for ref, spec in zip(refs, task.out_specs(case)):
+        # The reference itself, rounded to the output dtype, passes.
+        assert compare(ref.astype(np_dtype(spec.dtype)), ref, tol).ok
+        # zeros, a constant (the mean) and noise of the right scale fail
+        assert not compare(np.zeros_like(ref), ref, tol).ok
+        assert not compare(np.full_like(ref, ref.mean()), ref, tol).ok
+        noise = np.random.default_rng(1).standard_normal(ref.shape) * ref.std()
+        assert not compare(noise, ref, tol).ok
+        # the reference with one block perturbed fails
+        perturbed = ref.astype(np.float64).copy()
+        block = tuple(slice(0, max(1, s // 4)) for s in ref.shape)
+        perturbed[block] += ref.std() * 0.5 + 1e-3
+        assert not compare(perturbed, ref, tol).ok
+        # an input returned as the output fails (where shapes match)
+        for a in inputs:
+            if a.shape == ref.shape:
+                assert not compare(a.astype(np.float64), ref, tol).ok
+
+
+def test_nan_anywhere_fails():
+    ref = np.ones((8, 128), np.float32)
+    out = ref.copy()
+    out[3, 7] = np.nan
+    result = compare(out, ref, all_tasks()[0].tolerances["float32"])
+    assert not result.ok and result.nonfinite == 1
