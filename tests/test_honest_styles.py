@@ -7,6 +7,7 @@ KERNELS = [
     ("matmul_other_grid_order", "matmul"),
     ("matmul_manual_dma", "matmul"),
     ("softmax_ragged_rows", "softmax"),
+    ("rms_norm_rank1_scale", "rms_norm"),
 ]
 
 

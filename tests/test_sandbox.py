@@ -100,3 +100,16 @@ def test_pool_replaces_a_dead_worker():
                 w.call({"cmd": "load", "source": "import os\nos._exit(1)\n"})
         with pool.lease() as w:
             assert w.call({"cmd": "ping", "echo": 1})[0]["echo"] == 1
+
+
+def test_lowering_sees_the_target_tpu_generation(worker):
+    """Rank-1 blocks and `//` in index maps ask jax which TPU they lower for; on a CPU host the
+    answer must be the target generation, or honest kernels would fail to lower."""
+    from tests.conftest import HONEST
+
+    assert load(worker, (HONEST / "rms_norm_rank1_scale.py").read_text())["ok"]
+    case = {"name": "c", "args": [[[64, 256], "float32"], [[256], "float32"]]}
+    as_cpu = worker.call({"cmd": "lower", "cases": [case], "device_kind": None})[0]
+    assert not as_cpu["ok"] and "device kind" in as_cpu["error"]
+    as_v5e = worker.call({"cmd": "lower", "cases": [case], "device_kind": "TPU v5 lite"})[0]
+    assert as_v5e["ok"], as_v5e

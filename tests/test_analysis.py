@@ -1,0 +1,75 @@
+"""Structure analysis, feature detectors and the VMEM budget model on real traced kernels."""
+import jax
+import jax.numpy as jnp
+
+from evaluator.features import missing_features
+from evaluator.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
+from evaluator.jaxpr_analysis import summarize, total_flops
+from tasks import get_task
+from tests.conftest import HONEST, read_candidate
+
+
+def _trace(source: str, *specs):
+    namespace: dict = {}
+    exec(compile(source, "candidate.py", "exec"), namespace)
+    return summarize(jax.make_jaxpr(namespace["kernel"])(*specs))
+
+
+def _specs(task_name, case_index=0):
+    task = get_task(task_name)
+    case = task.select("train", "check")[case_index]
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in task.arg_specs(case)]
+
+
+def test_reference_flops_count_the_matmul():
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    y = jax.ShapeDtypeStruct((32, 16), jnp.float32)
+    assert total_flops(jax.make_jaxpr(jnp.dot)(x, y)) == 2 * 64 * 32 * 16
+
+
+def test_solution_has_kernels_and_no_outside_work():
+    summary = _trace(get_task("matmul").solution_source(), *_specs("matmul"))
+    assert len(summary.pallas_calls) == 1
+    assert summary.outside.flops == 0 and not summary.outside.heavy_ops
+
+
+def test_outside_work_is_found():
+    summary = _trace(read_candidate("work_outside_row_max"), *_specs("softmax"))
+    assert summary.outside.flops > 0 and "reduce_max" in summary.outside.top_ops
+    summary = _trace(read_candidate("work_outside_dot"), *_specs("matmul"))
+    assert summary.outside.heavy_ops == ["dot_general"]
+    summary = _trace(read_candidate("work_outside_pure_callback"), *_specs("softmax"))
+    assert summary.outside.callbacks == ["pure_callback"]
+
+
+def test_feature_detectors_on_real_kernels():
+    gmm = _trace(get_task("grouped_matmul").solution_source(), *_specs("grouped_matmul"))
+    assert missing_features(("scalar_prefetch", "vmem_scratch", "parallel_grid"), gmm.pallas_calls) == []
+    dma = _trace((HONEST / "matmul_manual_dma.py").read_text(), *_specs("matmul"))
+    assert missing_features(("manual_dma",), dma.pallas_calls) == []
+    assert missing_features(("scalar_prefetch",), dma.pallas_calls) == ["scalar_prefetch"]
+    plain = _trace(read_candidate("wrong_output_zeros"), *_specs("matmul"))
+    assert missing_features(("manual_dma", "vmem_scratch", "parallel_grid"), plain.pallas_calls) == [
+        "manual_dma", "vmem_scratch", "parallel_grid"]
+
+
+def test_vmem_lower_bound_counts_double_buffers_tiles_and_scratch():
+    summary = _trace(get_task("matmul").solution_source(),
+                     jax.ShapeDtypeStruct((4096, 4096), jnp.float32),
+                     jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+    (call,) = summary.pallas_calls
+    # three 512x512 f32 blocks, double-buffered, plus one 512x512 f32 accumulator
+    assert vmem_lower_bound(call) == 3 * 2 * 512 * 512 * 4 + 512 * 512 * 4
+    assert tiled_bytes([7, 100], "float32") == 8 * 128 * 4
+    assert tiled_bytes([7, 100], "bfloat16") == 16 * 128 * 2
+    limit, _ = vmem_budget(call, GENERATIONS["v5e"])
+    assert limit == 16 * MiB and vmem_budget(call, GENERATIONS["v6e"])[0] == 32 * MiB
+
+
+def test_whole_array_blocks_overflow_vmem_only_at_bench_size():
+    source = read_candidate("compile_error_vmem_overflow")
+    small = _trace(source, *_specs("matmul")).pallas_calls[0]
+    big = _trace(source, jax.ShapeDtypeStruct((4096, 4096), jnp.float32),
+                 jax.ShapeDtypeStruct((4096, 4096), jnp.float32)).pallas_calls[0]
+    limit = GENERATIONS["v5e"].default_scoped_vmem_bytes
+    assert vmem_lower_bound(small) < limit < vmem_lower_bound(big)

@@ -1,0 +1,67 @@
+"""The command line, run as a user would (subprocesses), and its exit codes."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "tasks" / "matmul" / "solution.py"
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evaluator", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_tasks_json_lists_the_suite():
+    result = cli("tasks", "--json")
+    assert result.returncode == 0, result.stderr
+    listed = {t["name"]: t for t in json.loads(result.stdout)}
+    assert {"matmul", "grouped_matmul", "attention_fwd_causal"} <= set(listed)
+    assert listed["grouped_matmul"]["required_features"] == ["scalar_prefetch"]
+    assert listed["matmul"]["cases"]["heldout/check"] > 0
+
+
+def test_tasks_table_shows_signatures_unmangled():
+    result = cli("tasks")
+    assert result.returncode == 0
+    assert "group_sizes[g]" in result.stdout  # rich markup must not eat [g]
+
+
+def test_run_json_record_for_a_correct_kernel():
+    result = cli("run", "--task", "matmul", "--candidate", str(SOLUTION), "--json", "--seed", "7")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["status"] == "correct" and record["task"] == "matmul"
+    assert record["backend"] == "tpu-interpret" and record["speedup"] is None
+    assert record["details"]["base_seed"] == 7
+    case = record["cases"][0]
+    assert {"name", "dims", "dtype", "status", "max_abs_err", "rel_l2_err"} <= set(case)
+
+
+def test_run_on_a_model_answer_with_a_failing_kernel_still_exits_zero(tmp_path):
+    answer = tmp_path / "answer.md"
+    body = (ROOT / "tests" / "candidates" / "work_outside_dot.py").read_text()
+    answer.write_text(f"Here is my kernel:\n```python\n{body}```\n")
+    result = cli("run", "--task", "matmul", "--candidate", str(answer), "--json")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["status"] == "work_outside_kernel"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("run", "--task", "matmull", "--candidate", str(SOLUTION)), "did you mean matmul"),
+    (("run", "--task", "matmul", "--candidate", "no/such/file.py"), "not found"),
+    (("check-solutions", "--task", "nope"), "unknown task"),
+])
+def test_usage_errors_exit_2_with_one_line(args, needle):
+    result = cli(*args)
+    assert result.returncode == 2
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_check_solutions_for_one_task():
+    result = cli("check-solutions", "--task", "softmax", "--workers", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1/1 solutions correct" in result.stdout
