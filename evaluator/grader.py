@@ -38,13 +38,15 @@ class Evaluator:
     """Grades candidates. Reuse one instance: its workers stay warm between candidates."""
 
     def __init__(self, backend: str | None = None, workers: int = 1, limits: Limits = Limits(),
-                 generation: str = DEFAULT_GENERATION, n_seeds: int = 2):
+                 generation: str = DEFAULT_GENERATION, n_seeds: int = 2,
+                 pool: WorkerPool | None = None):
         self.backend = get_backend(backend or default_backend())
         if generation not in GENERATIONS:
             raise ValueError(f"unknown TPU generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
         self.generation = GENERATIONS[generation]
         self.n_seeds = n_seeds
-        self.pool = WorkerPool(self.backend, size=workers, limits=limits)
+        # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
+        self.pool = pool or WorkerPool(self.backend, size=workers, limits=limits)
         self.references = ReferenceCache()
         self.workers = workers
 
