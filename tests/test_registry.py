@@ -43,3 +43,11 @@ def test_task_contract(task):
 def test_case_validates_its_split():
     with pytest.raises(ValueError, match="split"):
         Case("x", "test", "check", {"m": 1}, "float32")
+
+
+def test_every_task_is_in_the_suite_table():
+    from pathlib import Path
+
+    table = (Path(tasks.__file__).parent / "README.md").read_text()
+    for task in tasks.all_tasks():
+        assert f"| `{task.name}` |" in table, task.name
