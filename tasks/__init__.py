@@ -31,8 +31,8 @@ def register(task: Task) -> Task:
 def _discover() -> None:
     root = Path(__file__).parent
     for info in sorted(pkgutil.iter_modules([str(root)]), key=lambda m: m.name):
-        if not info.ispkg:
-            continue
+        if not info.ispkg or not (root / info.name / "task.py").is_file():
+            continue  # a folder becomes a task once it has its task.py
         module = importlib.import_module(f"tasks.{info.name}.task")
         register(module.TASK)
 
