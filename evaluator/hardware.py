@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evaluator.jaxpr_analysis import PallasCallInfo
+from evaluator.jaxpr_analysis import BlockInfo, PallasCallInfo
 
 MiB = 1 << 20
 
@@ -60,11 +60,17 @@ def vmem_lower_bound(call: PallasCallInfo) -> int:
     total = 0
     for block in call.blocks:
         if block.memory_space == "vmem":
-            total += block.buffer_count * tiled_bytes(block.block_shape, block.dtype)
+            total += buffers(call, block) * tiled_bytes(block.block_shape, block.dtype)
     for shape, dtype, space in call.scratch:
         if space == "vmem":
             total += tiled_bytes(shape, dtype)
     return total
+
+
+def buffers(call: PallasCallInfo, block: BlockInfo) -> int:
+    """VMEM buffers the pipeline gives a block: a single-step grid is not pipelined, and
+    libtpu then allocates one ("This allocation is single buffered" for grid-less kernels)."""
+    return 1 if all(g == 1 for g in call.grid) else block.buffer_count
 
 
 def vmem_budget(call: PallasCallInfo, generation: TpuGeneration) -> tuple[int, str]:

@@ -17,7 +17,7 @@ from evaluator import policy
 from evaluator.backends import Backend
 from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
-from evaluator.hardware import MiB, TpuGeneration, vmem_budget, vmem_lower_bound
+from evaluator.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.jaxpr_analysis import BlockInfo, OutsideCost, PallasCallInfo, TraceSummary
 from evaluator.record import CaseResult, Verdict
 from evaluator.reference import ReferenceCache, case_seeds
@@ -181,7 +181,7 @@ def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
             usage[case.name] = max(usage.get(case.name, 0), need)
             too_big = call.vmem_limit_bytes and call.vmem_limit_bytes > ctx.generation.vmem_bytes
             if need > limit or too_big:
-                blocks = ", ".join(f"{b.role} {tuple(b.block_shape)} {b.dtype} x{b.buffer_count}"
+                blocks = ", ".join(f"{b.role} {tuple(b.block_shape)} {b.dtype} x{buffers(call, b)}"
                                    for b in call.blocks if b.memory_space == "vmem")
                 what = (f"asks for vmem_limit_bytes={call.vmem_limit_bytes}, more than the "
                         f"{ctx.generation.vmem_bytes // MiB} MiB of VMEM on {ctx.generation.name}"

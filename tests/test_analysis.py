@@ -73,3 +73,13 @@ def test_whole_array_blocks_overflow_vmem_only_at_bench_size():
                  jax.ShapeDtypeStruct((4096, 4096), jnp.float32)).pallas_calls[0]
     limit = GENERATIONS["v5e"].default_scoped_vmem_bytes
     assert vmem_lower_bound(small) < limit < vmem_lower_bound(big)
+
+
+def test_single_step_grids_are_single_buffered():
+    """libtpu compiled a grid-less 14 MiB matmul for v5e (16 MiB limit); double-counting would
+    have rejected it."""
+    source = read_candidate("compile_error_vmem_overflow")
+    (call,) = _trace(source, jax.ShapeDtypeStruct((1024, 1280), jnp.float32),
+                     jax.ShapeDtypeStruct((1280, 1024), jnp.float32)).pallas_calls
+    assert vmem_lower_bound(call) == (1024 * 1280 + 1280 * 1024 + 1024 * 1024) * 4
+    assert vmem_lower_bound(call) < GENERATIONS["v5e"].default_scoped_vmem_bytes
