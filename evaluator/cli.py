@@ -78,7 +78,10 @@ def _evaluator(args: argparse.Namespace, workers: int = 1):
     from evaluator.sandbox import Limits
 
     limits = Limits() if args.timeout is None else Limits(step_timeout_s=args.timeout)
-    return Evaluator(backend=args.backend, workers=workers, limits=limits, generation=args.tpu)
+    try:
+        return Evaluator(backend=args.backend, workers=workers, limits=limits, generation=args.tpu)
+    except ValueError as exc:  # e.g. tpu-compile without libtpu installed
+        raise UsageError(str(exc)) from None
 
 
 def _resolve_tasks(names: list[str] | None):
@@ -169,6 +172,8 @@ def _print_verdict(v: Verdict) -> None:
         console.print(table)
     if v.speedup is not None:
         console.print(f"speedup over XLA: {v.speedup:.2f}x")
+    if "perf_estimate" in v.details:
+        console.print(escape(v.details["perf_estimate"]) + " [dim](an estimate, not a measurement)[/]")
 
 
 def _fmt(x: float | None) -> str:

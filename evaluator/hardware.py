@@ -1,8 +1,11 @@
 """TPU generations and the VMEM budget model used when no TPU compiler is at hand.
 
-Physical VMEM per TensorCore is from jax's own table (jax/_src/pallas/mosaic/tpu_info.py,
-jax 0.10.2). The default *scoped* limit is what Mosaic lets one kernel allocate unless it
-raises `vmem_limit_bytes` (16 MiB up to v5, 32 MiB on v6e and v7x, per the Pallas TPU docs).
+Physical VMEM, HBM bandwidth and peak bf16 FLOP/s are from jax's own table
+(jax/_src/pallas/mosaic/tpu_info.py, jax 0.10.2), per JAX device: v4 and v5p devices are
+megacore chips (two TensorCores), a v7x device is one of its chip's two TensorCores. The
+default *scoped* VMEM limit is what Mosaic lets one kernel allocate unless it raises
+`vmem_limit_bytes`: 16 MiB up to v5, 32 MiB on v6e and v7x (checked with libtpu 0.0.42.1:
+a 22 MiB kernel fails for v5e with CompileTimeScopedVmemOom and compiles for v6e).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from evaluator.jaxpr_analysis import BlockInfo, PallasCallInfo
+from tasks.spec import np_dtype
 
 MiB = 1 << 20
 
@@ -18,24 +22,23 @@ MiB = 1 << 20
 class TpuGeneration:
     name: str
     device_kind: str  # what jax.devices()[0].device_kind says on such a chip
+    topology: str     # name for jax.experimental.topologies.get_topology_desc
     vmem_bytes: int
     default_scoped_vmem_bytes: int
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float
 
 
 GENERATIONS: dict[str, TpuGeneration] = {
     g.name: g for g in (
-        TpuGeneration("v4", "TPU v4", 16 * MiB, 16 * MiB),
-        TpuGeneration("v5e", "TPU v5 lite", 128 * MiB, 16 * MiB),
-        TpuGeneration("v5p", "TPU v5", 64 * MiB, 16 * MiB),
-        TpuGeneration("v6e", "TPU v6 lite", 128 * MiB, 32 * MiB),
-        TpuGeneration("v7x", "TPU7x", 64 * MiB, 32 * MiB),
+        TpuGeneration("v4", "TPU v4", "v4:2x2x1", 16 * MiB, 16 * MiB, 1.23e12, 2.75e14),
+        TpuGeneration("v5e", "TPU v5 lite", "v5e:2x2", 128 * MiB, 16 * MiB, 8.2e11, 1.97e14),
+        TpuGeneration("v5p", "TPU v5", "v5p:2x2x1", 64 * MiB, 16 * MiB, 2.46e12, 4.59e14),
+        TpuGeneration("v6e", "TPU v6 lite", "v6e:2x2", 128 * MiB, 32 * MiB, 1.64e12, 9.2e14),
+        TpuGeneration("v7x", "TPU7x", "tpu7x:2x2x1", 64 * MiB, 32 * MiB, 3.7e12, 1.155e15),
     )
 }
 DEFAULT_GENERATION = "v5e"
-
-_ITEMSIZE = {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "int16": 2,
-             "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-             "float64": 8, "int64": 8}
 
 
 def tiled_bytes(shape: list[int], dtype: str) -> int:
@@ -43,7 +46,7 @@ def tiled_bytes(shape: list[int], dtype: str) -> int:
 
     Mosaic pads every buffer at least this much, so this never over-estimates.
     """
-    itemsize = _ITEMSIZE.get(dtype, 4)
+    itemsize = np_dtype(dtype).itemsize
     dims = list(shape) or [1]
     dims[-1] = _round_up(dims[-1], 128)
     if len(dims) >= 2:

@@ -48,6 +48,7 @@ class BlockInfo:
     dtype: str
     memory_space: str  # "vmem" (pipelined), "any", "smem", ...
     buffer_count: int  # buffers the Pallas pipeline allocates for it
+    fetches: int | None = None  # block copies over the whole grid (traffic analysis only)
 
 
 @dataclass
@@ -60,6 +61,8 @@ class PallasCallInfo:
     dimension_semantics: list[str] | None
     vmem_limit_bytes: int | None
     kernel_primitives: list[str]
+    flops_per_step: float = 0.0       # traffic analysis only
+    dma_bytes_per_step: float = 0.0   # traffic analysis only
 
 
 @dataclass
@@ -81,13 +84,14 @@ class TraceSummary:
     out_shapes: list[tuple[list[int], str]]
 
 
-def summarize(closed_jaxpr: Any) -> TraceSummary:
-    """Summarise a ClosedJaxpr from `jax.make_jaxpr`."""
-    calls: list[PallasCallInfo] = []
+def summarize(closed_jaxpr: Any, traffic: bool = False) -> TraceSummary:
+    """Summarise a ClosedJaxpr from `jax.make_jaxpr`; `traffic` adds what each kernel moves
+    and computes (evaluator/traffic.py), for the performance model at bench sizes."""
+    eqns: list[Any] = []
     cost = OutsideCost()
-    _walk(closed_jaxpr.jaxpr, 1.0, calls, cost)
+    _walk(closed_jaxpr.jaxpr, 1.0, eqns, cost)
     outs = [(list(v.aval.shape), str(v.aval.dtype)) for v in closed_jaxpr.jaxpr.outvars]
-    return TraceSummary(calls, cost, outs)
+    return TraceSummary([_pallas_info(e, traffic) for e in eqns], cost, outs)
 
 
 def dot_flops(eqn: Any) -> float:
@@ -111,12 +115,13 @@ def total_flops(closed_jaxpr: Any) -> float:
     return cost.flops
 
 
-def _walk(jaxpr: Any, mult: float, calls: list[PallasCallInfo], cost: OutsideCost,
+def _walk(jaxpr: Any, mult: float, calls: list[Any], cost: OutsideCost,
           count_heavy: bool = False) -> None:
+    """Cost everything outside pallas_calls into `cost`; collect the pallas_call eqns."""
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "pallas_call":
-            calls.append(_pallas_info(eqn))
+            calls.append(eqn)
             continue
         if name in CALLBACK_PRIMITIVES:
             cost.callbacks.append(name)
@@ -136,8 +141,9 @@ def _walk(jaxpr: Any, mult: float, calls: list[PallasCallInfo], cost: OutsideCos
                 for j in sub:
                     _walk(j, inner_mult, calls, cost, count_heavy)
             continue
-        nbytes = sum(_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
-        cost.bytes_accessed += mult * nbytes
+        if not _is_free(eqn):
+            nbytes = sum(_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
+            cost.bytes_accessed += mult * nbytes
         if name in HEAVY_PRIMITIVES:
             if count_heavy:
                 cost.flops += mult * dot_flops(eqn)
@@ -154,6 +160,16 @@ def _walk(jaxpr: Any, mult: float, calls: list[PallasCallInfo], cost: OutsideCos
         cost.top_ops[name] = cost.top_ops.get(name, 0.0) + mult * flops
         if name in TRANSCENDENTAL_PRIMITIVES:
             cost.transcendentals += mult * flops
+
+
+def _is_free(eqn: Any) -> bool:
+    """Ops XLA turns into nothing: reshapes, and pads/slices/casts that change nothing."""
+    if eqn.primitive.name in ("reshape", "squeeze", "expand_dims"):
+        return True
+    ins = [v.aval for v in eqn.invars if hasattr(v, "aval")]
+    outs = [v.aval for v in eqn.outvars]
+    return (eqn.primitive.name in DATA_MOVEMENT_PRIMITIVES and len(outs) == 1 and bool(ins)
+            and getattr(ins[0], "shape", None) == outs[0].shape and ins[0].dtype == outs[0].dtype)
 
 
 def _merge(into: OutsideCost, worst: OutsideCost, all_costs: list[OutsideCost]) -> None:
@@ -182,8 +198,12 @@ def _sub_jaxprs(eqn: Any) -> Iterator[Any]:
                 yield item
 
 
-def _pallas_info(eqn: Any) -> PallasCallInfo:
+def _pallas_info(eqn: Any, traffic: bool = False) -> PallasCallInfo:
+    from evaluator import traffic as traffic_analysis
+
     gm = eqn.params["grid_mapping"]
+    grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1 for g in gm.grid)
+    static_grid = all(g >= 0 for g in grid)
     n_in = gm.num_inputs
     blocks = []
     for i, bm in enumerate(gm.block_mappings):
@@ -195,6 +215,7 @@ def _pallas_info(eqn: Any) -> PallasCallInfo:
             dtype=str(aval.dtype),
             memory_space=_memory_space(bm.block_aval),
             buffer_count=_buffer_count(bm),
+            fetches=traffic_analysis.block_fetches(bm, grid) if traffic and static_grid else None,
         ))
     scratch = []
     for aval in gm.scratch_avals:
@@ -206,15 +227,18 @@ def _pallas_info(eqn: Any) -> PallasCallInfo:
         params = params.get("mosaic_tpu") or params.get("mosaic")
     semantics = getattr(params, "dimension_semantics", None)
     kernel_jaxpr = eqn.params["jaxpr"]
+    flops, dma = traffic_analysis.kernel_cost_per_step(kernel_jaxpr) if traffic else (0.0, 0.0)
     return PallasCallInfo(
         name=_kernel_name(eqn),
-        grid=[int(g) if isinstance(g, (int, np.integer)) else -1 for g in gm.grid],
+        grid=list(grid),
         blocks=blocks,
         scratch=scratch,
         num_scalar_prefetch=int(gm.num_index_operands),
         dimension_semantics=[_semantics_name(s) for s in semantics] if semantics else None,
         vmem_limit_bytes=getattr(params, "vmem_limit_bytes", None),
         kernel_primitives=sorted(_all_primitives(kernel_jaxpr)),
+        flops_per_step=flops,
+        dma_bytes_per_step=dma,
     )
 
 

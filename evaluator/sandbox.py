@@ -34,6 +34,7 @@ _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_S
 @dataclass(frozen=True)
 class Limits:
     step_timeout_s: float = 120.0    # one request (load, trace, lower, one case's run)
+    compile_timeout_s: float = 300.0  # one libtpu compile (tpu-compile); over-sized VMEM fails slowly
     startup_timeout_s: float = 90.0  # importing JAX in a new worker
     memory_gb: float = 8.0           # address space of a worker
     max_jobs_per_worker: int = 200   # recycle now and then so leaks cannot accumulate
@@ -45,6 +46,10 @@ class WorkerError(RuntimeError):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind  # "timeout" or "crash"
+
+
+class EvaluatorBug(RuntimeError):
+    """The evaluator's own code failed in a worker: loud, never turned into a verdict."""
 
 
 class Worker:
@@ -66,6 +71,10 @@ class Worker:
                    PYTHONDONTWRITEBYTECODE="1", JAX_PLATFORMS=self.backend.platform,
                    # TPU hosts: keep the worker off the host's libtpu lock files etc.
                    TF_CPP_MIN_LOG_LEVEL="2")
+        if self.backend.topology_compile:
+            # libtpu compiles for a described topology; these keep it from probing for a TPU.
+            env.update(TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v5litepod-4",
+                       TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
         cmd = [sys.executable, "-m", "evaluator.worker", "--platform", self.backend.platform,
                "--memory-gb", str(self.limits.memory_gb)]
         if self.backend.interpret:
@@ -108,7 +117,11 @@ class Worker:
             protocol.write_message(self.proc.stdin, header, list(arrays))
         except (BrokenPipeError, OSError):
             raise self._crashed(what or header.get("cmd", "")) from None
-        return self._receive(timeout_s or self.limits.step_timeout_s, what or header.get("cmd", ""))
+        reply = self._receive(timeout_s or self.limits.step_timeout_s, what or header.get("cmd", ""))
+        if reply[0].get("internal"):
+            raise EvaluatorBug(f"the worker failed while {what or header.get('cmd')}: "
+                               f"{reply[0]['error_type']}: {reply[0]['error']}")
+        return reply
 
     def _receive(self, timeout_s: float, what: str) -> tuple[dict[str, Any], list[np.ndarray]]:
         deadline = time.monotonic() + timeout_s

@@ -6,6 +6,7 @@ evaluator/worker.py) and judge what it reports. Adding a stage is adding one ent
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -13,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from evaluator import features as feature_checks
-from evaluator import policy
+from evaluator import perf_model, policy
 from evaluator.backends import Backend
 from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
@@ -102,8 +103,9 @@ def load_stage(ctx: GradingContext) -> Failure | None:
 # --- 4. structure: kernels present, heavy work inside them ----------------------------------
 def structure_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
-    reply, _ = ctx.worker.call({"cmd": "trace", "cases": [_case_request(ctx.task, c) for c in cases]},
-                               what="tracing kernel()")
+    # Bench sizes also get the traffic analysis that the performance model needs.
+    requests = [{**_case_request(ctx.task, c), "traffic": c.size == "bench"} for c in cases]
+    reply, _ = ctx.worker.call({"cmd": "trace", "cases": requests}, what="tracing kernel()")
     if not reply["ok"]:
         case = next(c for c in cases if c.name == reply["case"])
         return Failure("lowering_error", f"tracing kernel() failed at case {case.describe()}: "
@@ -168,7 +170,27 @@ def lowering_stage(ctx: GradingContext) -> Failure | None:
                        reply["error_type"], reply["error"])
     if ctx.backend.device_compile:
         return None  # the real compiler has spoken; no need for the model
-    return _vmem_check(ctx, cases)
+    # The model first: it is instant, and libtpu can take minutes to reject a huge request.
+    failure = _vmem_check(ctx, cases)
+    if failure is None and ctx.backend.topology_compile:
+        failure = _topology_compile(ctx, cases)
+    return failure
+
+
+def _topology_compile(ctx: GradingContext, cases: list[Case]) -> Failure | None:
+    """libtpu compile for the target generation, one case per request (own time limit)."""
+    gen = ctx.generation
+    memory = ctx.verdict.details.setdefault("compiled_memory", {})
+    for case in cases:
+        reply, _ = ctx.worker.call({"cmd": "compile", "topology": gen.topology,
+                                    "case": _case_request(ctx.task, case)},
+                                   timeout_s=ctx.worker.limits.compile_timeout_s,
+                                   what=f"compiling case {case.name} for TPU {gen.name}")
+        if not reply["ok"]:
+            return Failure("compile_error", f"the TPU compiler for {gen.name} rejected case "
+                           f"{case.describe()}: {reply['error']}", reply["error_type"], reply["error"])
+        memory[case.name] = reply["memory"]
+    return None
 
 
 def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
@@ -191,6 +213,20 @@ def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
                 return Failure("compile_error", f"kernel {call.name} at case {case.describe()} {what}; "
                                "a TPU compiler would reject it (use smaller blocks).",
                                "VmemOverflow", f"{need} > {limit}")
+    return None
+
+
+# --- 6b. static performance estimate (never fails) -----------------------------------------
+def estimate_stage(ctx: GradingContext) -> Failure | None:
+    """Roofline estimate at bench sizes vs an ideal kernel: useful with or without a TPU."""
+    estimates = {}
+    for case in ctx.task.select(ctx.split, "bench"):
+        est = perf_model.estimate(case.name, ctx.summaries[case.name], ctx.generation,
+                                  ctx.references.flops(ctx.task, case),
+                                  list(ctx.task.arg_specs(case)), list(ctx.task.out_specs(case)))
+        estimates[case.name] = dataclasses.asdict(est)
+        ctx.verdict.details.setdefault("perf_estimate", est.summary())
+    ctx.verdict.details["perf_model"] = estimates
     return None
 
 
@@ -311,11 +347,12 @@ STAGES: tuple[tuple[str, Stage], ...] = (
     ("structure", structure_stage),
     ("features", features_stage),
     ("lowering", lowering_stage),
+    ("estimate", estimate_stage),
     ("run", run_stage),
     ("timing", timing_stage),
 )
 # Stages that need a worker process (everything after the source-only checks).
-WORKER_STAGES = frozenset({"load", "structure", "features", "lowering", "run", "timing"})
+WORKER_STAGES = frozenset({"load", "structure", "features", "lowering", "estimate", "run", "timing"})
 
 
 def correct_message(ctx: GradingContext) -> str:

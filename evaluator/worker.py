@@ -50,9 +50,10 @@ def main() -> None:
             continue
         try:
             reply, out_arrays = handler(state, header, arrays)
-        except Exception as exc:  # a bug here must still produce a reply, never a hang
+        except Exception as exc:  # a bug in the evaluator: reply, never hang; the host raises
             etype, text = describe_exception(exc)
-            reply, out_arrays = {"ok": False, "error_type": etype, "error": text}, []
+            reply, out_arrays = {"ok": False, "internal": True, "error_type": etype,
+                                 "error": text}, []
         protocol.write_message(proto_out, reply, out_arrays)
 
 
@@ -62,6 +63,7 @@ class _WorkerState:
     module: types.ModuleType | None = None
     source_lines: list[str] = dataclasses.field(default_factory=list)
     jitted: Callable[..., Any] | None = None
+    topologies: dict[str, Any] = dataclasses.field(default_factory=dict)  # kept across candidates
 
 
 def _parse_args() -> argparse.Namespace:
@@ -151,7 +153,8 @@ def _trace(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]
         except Exception as exc:
             etype, text = describe_exception(exc, state.source_lines)
             return {"ok": False, "case": case["name"], "error_type": etype, "error": text}, []
-        summaries.append({"case": case["name"], **dataclasses.asdict(summarize(closed))})
+        summary = summarize(closed, traffic=case.get("traffic", False))  # our code: bugs raise
+        summaries.append({"case": case["name"], **dataclasses.asdict(summary)})
     return {"ok": True, "summaries": summaries}, []
 
 
@@ -170,6 +173,49 @@ def _lower(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]
             return {"ok": False, "phase": phase, "case": case["name"],
                     "error_type": etype, "error": text}, []
     return {"ok": True}, []
+
+
+def _compile(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    """Full libtpu compile of one case for a described TPU topology: no TPU needed."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    topology = header["topology"]
+    if topology not in state.topologies:
+        from jax.experimental import topologies
+
+        state.topologies[topology] = topologies.get_topology_desc(topology_name=topology,
+                                                                  platform="tpu")
+    device = state.topologies[topology].devices[0]
+    case = header["case"]
+    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=SingleDeviceSharding(device))
+             for s in _specs(case)]
+    try:
+        with jax.default_device(device):
+            compiled = state.jitted.trace(*specs).lower().compile()
+    except Exception as exc:
+        return {"ok": False, "error_type": type(exc).__name__,
+                "error": compiler_message(str(exc))}, []
+    stats = compiled.memory_analysis()
+    fields = ("generated_code_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
+              "temp_size_in_bytes", "alias_size_in_bytes")
+    return {"ok": True, "memory": {f: int(getattr(stats, f, 0) or 0) for f in fields}}, []
+
+
+def compiler_message(text: str, max_lines: int = 4) -> str:
+    """The compiler's useful lines first: drop status prefixes and boilerplate."""
+    lines = []
+    for raw in text.strip().splitlines():
+        line = raw.strip()
+        for prefix in ("RESOURCE_EXHAUSTED:", "INTERNAL:", "INVALID_ARGUMENT:", "UNKNOWN:",
+                       "XLA:TPU compile permanent error.", "Mosaic failed to compile TPU kernel:"):
+            if line.startswith(prefix):
+                line = line[len(prefix):].strip()
+        if line and not line.startswith(("===", "Traceback", "File ")):
+            lines.append(line if len(line) <= 200 else line[:197] + "...")
+        if len(lines) >= max_lines:
+            break
+    return " | ".join(lines)[:700]
 
 
 @contextlib.contextmanager
@@ -302,7 +348,8 @@ def _ping(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
     return {"ok": True, "echo": header.get("echo")}, list(arrays)
 
 
-_HANDLERS = {"load": _load, "trace": _trace, "lower": _lower, "run": _run, "time": _time,
+_HANDLERS = {"load": _load, "trace": _trace, "lower": _lower, "compile": _compile, "run": _run,
+             "time": _time,
              "reset": _reset, "ping": _ping}
 
 if __name__ == "__main__":

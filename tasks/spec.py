@@ -179,9 +179,10 @@ def normal(rng: np.random.Generator, shape: Sequence[int], dtype: str, scale: fl
 
 
 def np_dtype(name: str) -> np.dtype:
-    """numpy dtype from its name, bfloat16 included."""
-    if name == "bfloat16":
+    """numpy dtype from its name, ml_dtypes' (bfloat16, float8_*, int4) included."""
+    try:
+        return np.dtype(name)
+    except TypeError:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+        return np.dtype(getattr(ml_dtypes, name))

@@ -1,0 +1,89 @@
+"""A static performance model for Pallas TPU kernels: an estimate, not a measurement.
+
+From the kernel's grid, block specs and dtypes (evaluator/traffic.py) and a generation's
+published figures (evaluator/hardware.py) it estimates HBM bytes moved, FLOPs, arithmetic
+intensity and a roofline time, and sets them against an *ideal* kernel for the same case:
+each input read once, each output written once, the reference's FLOPs. Assumptions, in
+docs/performance-model.md: one roofline per pallas_call (time = max(FLOPs / peak,
+bytes / bandwidth)), kernels run one after another, glue outside kernels costs its bytes,
+all matmul FLOPs run at the bf16 peak, blocks whose index maps read prefetched scalars are
+charged a fetch on every grid step, a manual DMA moves its destination buffer's size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from evaluator.hardware import TpuGeneration
+from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
+from tasks.spec import ArgSpec, np_dtype
+
+
+@dataclass
+class KernelEstimate:
+    name: str
+    grid_steps: int
+    hbm_bytes: float
+    flops: float
+    time_s: float
+    data_dependent: bool  # some index maps read prefetched scalars: traffic is an upper bound
+
+
+@dataclass
+class PerfEstimate:
+    case: str
+    generation: str
+    hbm_bytes: float
+    flops: float
+    arithmetic_intensity: float  # FLOPs per HBM byte
+    time_s: float
+    ideal_bytes: float
+    ideal_flops: float
+    ideal_time_s: float
+    slowdown_vs_ideal: float  # time_s / ideal_time_s: 1.0 is as good as the model can tell
+    bound: str  # "memory" or "compute", for the estimate
+    kernels: list[KernelEstimate]
+
+    def summary(self) -> str:
+        mib = 1 << 20
+        return (f"static estimate on {self.generation} at {self.case}: {self.time_s * 1e3:.3g} ms "
+                f"({self.bound}-bound, {self.hbm_bytes / mib:,.0f} MiB moved, "
+                f"{self.flops / 1e9:,.1f} GFLOP), {self.slowdown_vs_ideal:.2f}x the ideal kernel's "
+                f"{self.ideal_time_s * 1e3:.3g} ms ({self.ideal_bytes / mib:,.0f} MiB)")
+
+
+def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
+    steps = math.prod(max(g, 1) for g in call.grid) if call.grid else 1
+    moved, data_dependent = 0.0, False
+    for block in call.blocks:
+        if block.memory_space != "vmem":
+            continue  # pl.ANY / SMEM operands: moved by the kernel's own DMAs, counted below
+        fetches = block.fetches
+        if fetches is None:
+            fetches, data_dependent = steps, True
+        moved += fetches * math.prod(block.block_shape) * np_dtype(block.dtype).itemsize
+    moved += call.dma_bytes_per_step * steps
+    flops = call.flops_per_step * steps
+    return KernelEstimate(call.name, steps, moved, flops, roofline(flops, moved, gen), data_dependent)
+
+
+def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference_flops: float,
+             args: list[ArgSpec], outs: list[ArgSpec]) -> PerfEstimate:
+    kernels = [kernel_estimate(c, gen) for c in summary.pallas_calls]
+    glue_bytes = summary.outside.bytes_accessed
+    hbm = sum(k.hbm_bytes for k in kernels) + glue_bytes
+    flops = sum(k.flops for k in kernels) + summary.outside.flops
+    time_s = sum(k.time_s for k in kernels) + roofline(summary.outside.flops, glue_bytes, gen)
+    ideal_bytes = float(sum(math.prod(a.shape) * np_dtype(a.dtype).itemsize for a in (*args, *outs)))
+    ideal_time = roofline(reference_flops, ideal_bytes, gen)
+    compute_s = flops / gen.bf16_flops_per_s
+    return PerfEstimate(
+        case=case_name, generation=gen.name, hbm_bytes=hbm, flops=flops,
+        arithmetic_intensity=flops / hbm if hbm else float("inf"), time_s=time_s,
+        ideal_bytes=ideal_bytes, ideal_flops=reference_flops, ideal_time_s=ideal_time,
+        slowdown_vs_ideal=time_s / ideal_time if ideal_time else float("inf"),
+        bound="compute" if compute_s >= hbm / gen.hbm_bytes_per_s else "memory", kernels=kernels)
+
+
+def roofline(flops: float, hbm_bytes: float, gen: TpuGeneration) -> float:
+    return max(flops / gen.bf16_flops_per_s, hbm_bytes / gen.hbm_bytes_per_s)

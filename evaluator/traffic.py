@@ -1,0 +1,70 @@
+"""What a pallas_call moves between HBM and VMEM, and computes, as its pipeline runs.
+
+Used by the static performance model (evaluator/perf_model.py). The Pallas TPU pipeline
+copies an input block in when its block index differs from the previous grid step's, and
+writes an output block back when its index is about to change (and at the end); so the
+traffic of a blocked operand is (1 + number of index changes along the grid) x block bytes.
+We get the index sequence by evaluating the BlockSpec's index map at every grid point.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead of evaluating
+
+
+def block_fetches(block_mapping: Any, grid: tuple[int, ...]) -> int | None:
+    """How many times the pipeline copies this block; None if its index map reads
+    prefetched scalars (data-dependent) or the grid is too large to walk."""
+    import jax
+
+    closed = block_mapping.index_map_jaxpr
+    steps = math.prod(grid)
+    if len(closed.jaxpr.invars) != len(grid) or steps > MAX_GRID_POINTS:
+        return None
+    if steps <= 1:
+        return steps
+    # Grid points in iteration order: lexicographic, last axis fastest.
+    points = np.indices(grid).reshape(len(grid), -1).astype(np.int32)
+    eval_map = jax.vmap(lambda *idx: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *idx))
+    indices = [np.asarray(i).reshape(steps) for i in eval_map(*points)]
+    if not indices:
+        return 1
+    stacked = np.stack(indices)  # [block dims, steps]
+    changes = int(np.count_nonzero(np.any(stacked[:, 1:] != stacked[:, :-1], axis=0)))
+    return 1 + changes
+
+
+def kernel_cost_per_step(kernel_jaxpr: Any) -> tuple[float, float]:
+    """(FLOPs, bytes copied by manual DMAs) for one grid step of the kernel body.
+
+    Matmuls count 2 x output x contraction, other arithmetic one per element; loops count
+    their trip count, a pl.when counts its dearer branch. A DMA moves its destination
+    buffer's size (the usual case: a VMEM buffer filled from a slice of an HBM array).
+    """
+    from evaluator.jaxpr_analysis import OutsideCost, _sub_jaxprs, _walk
+
+    flops = OutsideCost()
+    _walk(kernel_jaxpr, 1.0, [], flops, count_heavy=True)
+    return flops.flops, _dma_bytes(kernel_jaxpr, 1.0, _sub_jaxprs)
+
+
+def _dma_bytes(jaxpr: Any, mult: float, sub_jaxprs: Any) -> float:
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dma_start":
+            refs = [v.aval for v in eqn.invars  # refs (not index scalars), semaphores excluded
+                    if hasattr(getattr(v, "aval", None), "inner_aval")
+                    and "sem" not in str(v.aval.memory_space).lower()]
+            if len(refs) >= 2:
+                dst = refs[1]
+                total += mult * math.prod(dst.shape) * np.dtype(dst.dtype).itemsize
+            continue
+        inner = mult * (float(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1.0)
+        branches = [_dma_bytes(j, inner, sub_jaxprs) for j in sub_jaxprs(eqn)]
+        if branches:
+            total += max(branches) if eqn.primitive.name == "cond" else sum(branches)
+    return total

@@ -1,0 +1,81 @@
+"""tpu-compile: a full libtpu compile for a named TPU generation, on a machine with no TPU.
+
+Needs the optional extra (pip install -e '.[tpu-compile]'); skipped without libtpu.
+"""
+import importlib.util
+import time
+
+import pytest
+
+from evaluator.backends import get_backend
+from evaluator.grader import Evaluator
+from evaluator.hardware import GENERATIONS
+from evaluator.sandbox import Limits, Worker
+from tasks import all_tasks
+from tests.conftest import read_candidate
+
+pytestmark = [
+    pytest.mark.tpu_compile,
+    pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                       reason="libtpu not installed: pip install -e '.[tpu-compile]'"),
+]
+
+
+@pytest.fixture(scope="module")
+def compile_evaluator():
+    with Evaluator(backend="tpu-compile", generation="v5e") as ev:
+        yield ev
+
+
+def test_layout_failure_only_a_real_compile_catches(evaluator, compile_evaluator):
+    source = read_candidate("compile_error_layout_reshape")
+    assert evaluator.grade("softmax", source).status == "correct"
+    verdict = compile_evaluator.grade("softmax", source)
+    assert verdict.status == "compile_error", verdict.message
+    assert "unsupported shape cast" in verdict.message
+
+
+def test_vmem_exhaustion_by_in_kernel_values(evaluator, compile_evaluator):
+    source = read_candidate("compile_error_vmem_temporaries")
+    assert evaluator.grade("attention_fwd", source).status == "correct"
+    verdict = compile_evaluator.grade("attention_fwd", source)
+    assert verdict.status == "compile_error", verdict.message
+    assert "vmem" in verdict.message.lower() and "train_bench" in verdict.message
+
+
+def test_declared_vmem_over_the_chip_is_rejected_fast(compile_evaluator):
+    # whole 4096x4096 blocks: the VMEM model refuses it before libtpu spends minutes on it
+    start = time.monotonic()
+    verdict = compile_evaluator.grade("matmul", read_candidate("compile_error_vmem_overflow"))
+    assert verdict.status == "compile_error" and time.monotonic() - start < 60
+
+
+def test_correct_kernel_records_compiler_memory_stats(compile_evaluator):
+    from tasks import get_task
+
+    verdict = compile_evaluator.grade("matmul", get_task("matmul").solution_source())
+    assert verdict.status == "correct", verdict.message
+    stats = verdict.details["compiled_memory"]["train_bench_m4096_k4096_n4096_f32"]
+    assert stats["argument_size_in_bytes"] == 2 * 4096 * 4096 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gen", ["v5e", "v6e"])
+def test_every_solution_compiles(gen):
+    """Compile each task's solution at every case for the generation (no interpret runs)."""
+    worker = Worker(get_backend("tpu-compile"), Limits(step_timeout_s=120))
+    failures = []
+    try:
+        for task in all_tasks():
+            assert worker.call({"cmd": "load", "source": task.solution_source()})[0]["ok"]
+            for case in task.cases:
+                request = {"name": case.name,
+                           "args": [[list(a.shape), a.dtype] for a in task.arg_specs(case)]}
+                reply, _ = worker.call({"cmd": "compile", "topology": GENERATIONS[gen].topology,
+                                        "case": request}, timeout_s=300)
+                if not reply["ok"]:
+                    failures.append(f"{task.name}/{case.name}: {reply['error']}")
+            worker.call({"cmd": "reset"})
+    finally:
+        worker.kill()
+    assert not failures, "\n".join(failures)
