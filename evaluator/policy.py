@@ -47,7 +47,17 @@ ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__main__"})
 
 @dataclass(frozen=True)
 class Context:
-    numpy_aliases: frozenset[str]
+    modules: dict[str, str]  # local name -> module it is bound to by an import
+
+    def module_of(self, node: ast.AST) -> str | None:
+        """'jax.numpy' for `jnp` or `jax.numpy`, when the chain starts at an imported name."""
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id not in self.modules:
+            return None
+        return ".".join([self.modules[node.id], *reversed(parts)])
 
 
 def check_import(node: ast.AST, ctx: Context) -> list[Violation]:
@@ -87,9 +97,27 @@ def check_attribute(node: ast.AST, ctx: Context) -> list[Violation]:
         return [Violation(node.lineno, f"access to {node.attr!r} is not allowed")]
     if node.attr in FORBIDDEN_ATTRIBUTES:
         return [Violation(node.lineno, f"use of .{node.attr} is not allowed")]
-    if node.attr in NUMPY_FILE_IO and isinstance(node.value, ast.Name) and node.value.id in ctx.numpy_aliases:
-        return [Violation(node.lineno, f"numpy file access ({node.value.id}.{node.attr}) is not allowed")]
+    if node.attr in NUMPY_FILE_IO and ctx.module_of(node.value) in ("numpy", "jax.numpy"):
+        return [Violation(node.lineno, f"file access ({ctx.module_of(node)}) is not allowed")]
     return []
+
+
+def check_module_patching(node: ast.AST, ctx: Context) -> list[Violation]:
+    # Rationale: assigning to a module attribute (jnp.dot = ..., pl.pallas_call = ...) changes
+    # the library for the grader and for every candidate the worker grades after this one.
+    targets: list[ast.AST] = []
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    out = []
+    for target in targets:
+        for sub in ast.walk(target):
+            if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del))
+                    and ctx.module_of(sub.value)):
+                out.append(Violation(node.lineno, f"changing {ctx.module_of(sub)} (monkeypatching "
+                                                  "a library) is not allowed"))
+    return out
 
 
 def check_getattr(node: ast.AST, ctx: Context) -> list[Violation]:
@@ -128,7 +156,7 @@ def check_strings(node: ast.AST, ctx: Context) -> list[Violation]:
 
 CHECKS: tuple[Callable[[ast.AST, Context], list[Violation]], ...] = (
     check_import, check_name, check_attribute, check_getattr, check_interpret_keyword,
-    check_strings,
+    check_strings, check_module_patching,
 )
 
 
@@ -143,7 +171,7 @@ def parse(source: str) -> ast.Module:
 
 
 def violations(tree: ast.Module) -> list[Violation]:
-    ctx = Context(numpy_aliases=frozenset(_numpy_aliases(tree)))
+    ctx = Context(modules=_imported_names(tree))
     found: list[Violation] = []
     for node in ast.walk(tree):
         for check in CHECKS:
@@ -151,9 +179,13 @@ def violations(tree: ast.Module) -> list[Violation]:
     return sorted(set(found), key=lambda v: v.line)
 
 
-def _numpy_aliases(tree: ast.Module) -> set[str]:
-    aliases = {"numpy"}
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    names: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            aliases |= {a.asname or a.name for a in node.names if a.name == "numpy"}
-    return aliases
+            for a in node.names:  # `import jax.numpy` binds `jax`; `... as jnp` binds the module
+                names[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names

@@ -60,6 +60,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.root: Path | None = None
         self.jobs = 0
+        self.isolation: dict[str, bool] = {}  # what the OS granted: network / read_only
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -76,7 +77,7 @@ class Worker:
             env.update(TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v5litepod-4",
                        TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
         cmd = [sys.executable, "-m", "evaluator.worker", "--platform", self.backend.platform,
-               "--memory-gb", str(self.limits.memory_gb)]
+               "--memory-gb", str(self.limits.memory_gb), "--read-only", str(PROJECT_ROOT)]
         if self.backend.interpret:
             cmd.append("--interpret")
         self.log_path = self.root / "worker.log"
@@ -88,6 +89,7 @@ class Worker:
         if not header.get("ready"):
             self.kill()
             raise WorkerError("crash", f"worker failed to start: {header}")
+        self.isolation = header.get("isolation", {})
 
     @property
     def alive(self) -> bool:

@@ -26,6 +26,7 @@ _RACES: list[str] = []
 def main() -> None:
     args = _parse_args()
     _limit_memory(args.memory_gb)
+    isolation = _isolate(args.read_only, network=args.platform != "tpu")
     proto_in, proto_out = _take_protocol_pipes()
     os.environ["JAX_PLATFORMS"] = args.platform
     import numpy as np  # noqa: F401  (warm imports before "ready")
@@ -38,7 +39,7 @@ def main() -> None:
     state = _WorkerState(interpret=args.interpret)
     _install_race_recorder()
     protocol.write_message(proto_out, {"ready": True, "pid": os.getpid(),
-                                       "jax": jax.__version__})
+                                       "jax": jax.__version__, "isolation": isolation})
     while True:
         try:
             header, arrays = protocol.read_message(proto_in)
@@ -71,6 +72,8 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--platform", default="cpu")
     p.add_argument("--interpret", action="store_true")
     p.add_argument("--memory-gb", type=float, default=0)
+    p.add_argument("--read-only", action="append", default=[],
+                   help="a directory to make read-only for this worker (repeatable)")
     return p.parse_args()
 
 
@@ -79,6 +82,36 @@ def _limit_memory(gb: float) -> None:
     if gb > 0:
         limit = int(gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+
+
+def _isolate(read_only: list[str], network: bool = True) -> dict[str, bool]:
+    """Best effort, before any candidate runs: a network namespace with no interfaces up
+    (no network at all, loopback included) and read-only views of `read_only` directories
+    (a private mount namespace). Needs root or user namespaces; where the system refuses,
+    the worker runs without them and says so (the static policy still refuses network,
+    process and file modules). On a TPU host the network stays: libtpu may need it."""
+    import ctypes
+
+    done = {"network": False, "read_only": False}
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return done
+    if network and libc.unshare(_CLONE_NEWNET) == 0:
+        done["network"] = True
+    if read_only and libc.unshare(_CLONE_NEWNS) == 0 and \
+            libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0:
+        ok = True
+        for path in read_only:
+            p = os.fsencode(path)
+            ok &= libc.mount(p, p, None, _MS_BIND | _MS_REC, None) == 0 and \
+                libc.mount(p, p, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None) == 0
+        done["read_only"] = bool(ok)
+    return done
 
 
 def _take_protocol_pipes():

@@ -113,3 +113,38 @@ def test_lowering_sees_the_target_tpu_generation(worker):
     assert not as_cpu["ok"] and "device kind" in as_cpu["error"]
     as_v5e = worker.call({"cmd": "lower", "cases": [case], "device_kind": "TPU v5 lite"})[0]
     assert as_v5e["ok"], as_v5e
+
+
+def test_worker_has_no_network(worker):
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    source = ("import socket\n"
+              f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
+    reply = load(worker, source)
+    server.close()
+    if not worker.isolation.get("network"):
+        pytest.skip("no network namespace on this system: the policy stage refuses socket imports")
+    assert not reply["ok"] and reply["error_type"] in ("OSError", "ConnectionRefusedError",
+                                                       "TimeoutError", "PermissionError")
+
+
+def test_project_is_read_only_for_the_worker(worker):
+    from evaluator.sandbox import PROJECT_ROOT
+
+    target = PROJECT_ROOT / "tasks" / "written_by_candidate.txt"
+    reply = load(worker, f"open({str(target)!r}, 'w').write('x')\n")
+    if not worker.isolation.get("read_only"):
+        pytest.skip("no mount namespace on this system")
+    assert not reply["ok"] and "Read-only file system" in reply["error"]
+    assert not target.exists()
+
+
+def test_segfault_becomes_a_crash(worker):
+    with pytest.raises(WorkerError, match="SIGSEGV"):
+        load(worker, "import ctypes\nctypes.string_at(0)\n")
