@@ -1,0 +1,32 @@
+"""Cheat: softmax on the host through io_callback, around a copy kernel.
+task: softmax  expect: work_outside_kernel"""
+import numpy as np
+from jax.experimental import io_callback
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def copy_kernel(r_ref, o_ref):
+    o_ref[...] = r_ref[...]
+
+
+def _copy(r):  # a tiled Pallas copy: looks like a kernel, computes nothing
+    flat = r.reshape(-1, r.shape[-1]) if r.ndim > 1 else r.reshape(1, -1)
+    rows = min(8, flat.shape[0])
+    out = pl.pallas_call(
+        copy_kernel, grid=(pl.cdiv(flat.shape[0], rows),),
+        in_specs=[pl.BlockSpec((rows, flat.shape[1]), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((rows, flat.shape[1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(flat.shape, flat.dtype))(flat)
+    return out.reshape(r.shape)
+
+
+def _host(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(x.dtype)
+
+
+def kernel(x):
+    return _copy(io_callback(_host, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
