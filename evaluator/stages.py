@@ -93,7 +93,10 @@ def policy_stage(ctx: GradingContext) -> Failure | None:
 
 # --- 3. load in the sandbox ------------------------------------------------------------------
 def load_stage(ctx: GradingContext) -> Failure | None:
-    reply, _ = ctx.worker.call({"cmd": "load", "source": ctx.source}, what="loading the module")
+    # Without a TPU, Pallas code that asks which chip it runs on hears the target generation.
+    device_kind = None if ctx.backend.device_compile else ctx.generation.device_kind
+    reply, _ = ctx.worker.call({"cmd": "load", "source": ctx.source, "device_kind": device_kind},
+                               what="loading the module")
     if not reply["ok"]:
         return Failure("import_error", f"executing the module failed: {reply['error_type']}: "
                                        f"{reply['error']}", reply["error_type"], reply["error"])
@@ -157,10 +160,7 @@ def features_stage(ctx: GradingContext) -> Failure | None:
 def lowering_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
     reply, _ = ctx.worker.call({"cmd": "lower", "cases": [_case_request(ctx.task, c) for c in cases],
-                                "compile": ctx.backend.device_compile,
-                                # without a TPU, lower as if for the target generation
-                                "device_kind": None if ctx.backend.device_compile
-                                else ctx.generation.device_kind},
+                                "compile": ctx.backend.device_compile},
                                what="lowering kernel() for TPU")
     if not reply["ok"]:
         case = next(c for c in cases if c.name == reply["case"])

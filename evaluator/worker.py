@@ -8,7 +8,6 @@ compares results. Anything the candidate prints goes to the worker's log, not th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import resource
@@ -16,7 +15,7 @@ import shutil
 import sys
 import time
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from evaluator.errors import CANDIDATE_FILENAME, describe_exception
 
@@ -147,6 +146,7 @@ def _install_race_recorder() -> None:
 def _load(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
     source = header["source"]
     state.source_lines = source.splitlines()
+    _pretend_device_kind(header.get("device_kind"))
     module = types.ModuleType("candidate")
     module.__file__ = CANDIDATE_FILENAME
     try:
@@ -196,8 +196,7 @@ def _lower(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]
     for case in header["cases"]:
         phase = "lowering"
         try:
-            with _target_device_kind(header.get("device_kind")):
-                lowered = state.jitted.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
+            lowered = state.jitted.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
             if header.get("compile"):
                 phase = "compile"
                 lowered.compile()
@@ -251,25 +250,26 @@ def compiler_message(text: str, max_lines: int = 4) -> str:
     return " | ".join(lines)[:700]
 
 
-@contextlib.contextmanager
-def _target_device_kind(device_kind: str | None) -> Iterator[None]:
-    """Make Pallas lowering rules that ask "which TPU is this?" see the target chip.
+_SAVED_DEVICE_QUERIES: tuple | None = None
 
-    Some rules (rank-1 blocks, tiling inference, sign) query the default device, which is
-    the CPU here, and would fail with "Unsupported TPU device kind: cpu". On a TPU host
-    (device_kind None) nothing is changed.
+
+def _pretend_device_kind(device_kind: str | None) -> None:
+    """Make Pallas code that asks "which TPU is this?" see the target chip, until reset.
+
+    Some lowering rules (rank-1 blocks, `//` in index maps, sign) and emit_pipeline's tiling
+    query the default device, which is the CPU here, and fail with "Unsupported TPU device
+    kind: cpu". Only the answer to that question changes; interpret mode is still chosen by
+    its own flag. On a TPU host (device_kind None) nothing is changed.
     """
-    if not device_kind:
-        yield
-        return
+    global _SAVED_DEVICE_QUERIES
     from jax._src.pallas.mosaic import tpu_info
 
-    saved = tpu_info.get_device_kind, tpu_info.get_num_device_cores
-    tpu_info.get_device_kind, tpu_info.get_num_device_cores = (lambda: device_kind), (lambda: 1)
-    try:
-        yield
-    finally:
-        tpu_info.get_device_kind, tpu_info.get_num_device_cores = saved
+    if _SAVED_DEVICE_QUERIES is None:
+        _SAVED_DEVICE_QUERIES = (tpu_info.get_device_kind, tpu_info.get_num_device_cores)
+    if device_kind:
+        tpu_info.get_device_kind, tpu_info.get_num_device_cores = (lambda: device_kind), (lambda: 1)
+    else:
+        tpu_info.get_device_kind, tpu_info.get_num_device_cores = _SAVED_DEVICE_QUERIES
 
 
 def _run(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
@@ -369,6 +369,7 @@ def _reset(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]
     of grading a small candidate. The pool recycles workers every few hundred jobs instead.
     """
     state.module, state.jitted, state.source_lines = None, None, []
+    _pretend_device_kind(None)
     _reset_interpret_state()
     cwd = os.getcwd()
     for name in os.listdir(cwd):

@@ -4,10 +4,16 @@ import pytest
 from tests.conftest import HONEST
 
 KERNELS = [
-    ("matmul_other_grid_order", "matmul"),
-    ("matmul_manual_dma", "matmul"),
-    ("softmax_ragged_rows", "softmax"),
-    ("rms_norm_rank1_scale", "rms_norm"),
+    ("matmul_other_grid_order", "matmul"),      # grid (N, M, K), accumulate in the output block
+    ("matmul_manual_dma", "matmul"),            # pl.ANY operands, make_async_copy + semaphores
+    ("matmul_emit_pipeline", "matmul"),         # grid-less kernel running pltpu.emit_pipeline
+    ("matmul_custom_vjp", "matmul"),            # custom_vjp wrapper, K loop over ref slices
+    ("matmul_single_buffered", "matmul"),       # pl.Buffered(1) operands
+    ("softmax_ragged_rows", "softmax"),         # cdiv grid with a ragged last block
+    ("softmax_two_kernels", "softmax"),         # two pallas_calls in sequence
+    ("rms_norm_rank1_scale", "rms_norm"),       # rank-1 block, `//` in index maps
+    ("grouped_matmul_group_grid", "grouped_matmul"),  # scalar prefetch, grid over groups
+    ("attention_causal_whole_kv", "attention_fwd_causal"),  # no online softmax, whole K/V
 ]
 
 
