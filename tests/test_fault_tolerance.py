@@ -1,0 +1,59 @@
+"""Faulty candidates become verdicts in bounded time; a batch always yields every record."""
+import time
+
+import pytest
+
+from evaluator.grader import Evaluator, Job
+from evaluator.sandbox import Limits
+from tasks import get_task
+from tests.conftest import read_candidate
+
+
+def test_dma_deadlock_times_out(quick_timeout_evaluator):
+    verdict = quick_timeout_evaluator.grade("matmul", read_candidate("timeout_dma_wait_without_start"))
+    assert verdict.status == "timeout", verdict.message
+
+
+@pytest.mark.parametrize("name,task", [
+    ("wrong_output_zeros", "matmul"),
+    ("policy_violation_import_os", "softmax"),
+    ("work_outside_row_max", "softmax"),
+])
+def test_same_candidate_graded_twice_gets_the_same_verdict(evaluator, name, task):
+    first = evaluator.grade(task, read_candidate(name))
+    second = evaluator.grade(task, read_candidate(name))
+    assert first.details["base_seed"] != second.details["base_seed"]  # fresh seeds each time
+    assert first.status == second.status
+
+
+def test_correct_kernel_is_stable_across_fresh_seeds(evaluator):
+    source = get_task("softmax").solution_source()
+    assert [evaluator.grade("softmax", source).status for _ in range(2)] == ["correct"] * 2
+
+
+@pytest.mark.slow
+def test_batch_of_100_with_20_percent_faulty_candidates_completes():
+    faulty = [("timeout_python_loop", "matmul", "timeout"),
+              ("timeout_kernel_loop", "matmul", "timeout"),
+              ("timeout_dma_wait_without_start", "matmul", "timeout"),
+              ("runtime_error_memory_hog", "matmul", "runtime_error")] * 5
+    healthy = [("no_kernel_plain_jnp", "softmax", "no_kernel"),
+               ("work_outside_dot", "matmul", "work_outside_kernel"),
+               ("lowering_error_block_7x100", "matmul", "lowering_error"),
+               ("policy_violation_import_os", "softmax", "policy_violation")]
+    jobs, expected = [], []
+    for i in range(100):
+        if i % 5 == 0:
+            name, task, status = faulty[i // 5]
+            jobs.append(Job(task, read_candidate(name)))
+        else:
+            name, task, status = healthy[i % len(healthy)]
+            jobs.append(Job(task, read_candidate(name)))
+        expected.append(status)
+    start = time.monotonic()
+    with Evaluator(backend="tpu-interpret", workers=2, limits=Limits(step_timeout_s=6)) as ev:
+        verdicts = ev.grade_many(jobs)
+    wall = time.monotonic() - start
+    print(f"100 candidates (20 faulty) graded in {wall:.0f} s")
+    assert len(verdicts) == 100
+    assert [v.status for v in verdicts] == expected
