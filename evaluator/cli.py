@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tasks", help="list the tasks")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    t.add_argument("--markdown", action="store_true", help="print the suite table as Markdown")
     t.set_defaults(func=cmd_tasks)
 
     r = sub.add_parser("run", help="grade one candidate")
@@ -97,6 +98,14 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     suite = _resolve_tasks(None)
     if args.json:
         print(json.dumps([t.summary() for t in suite], indent=2))
+        return 0
+    if args.markdown:
+        print("| task | level | computes | signature | required features | held-out task |")
+        print("|---|---|---|---|---|---|")
+        for t in suite:
+            print(f"| `{t.name}` | {t.level} | {t.description} | `{t.signature}` | "
+                  f"{', '.join(f'`{f}`' for f in t.required_features) or '-'} | "
+                  f"{'yes' if t.heldout_task else '-'} |")
         return 0
     table = Table(title=f"{len(suite)} tasks")
     for col in ("task", "level", "signature", "dtypes", "features", "cases (train/heldout)"):

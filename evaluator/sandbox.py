@@ -74,8 +74,11 @@ class Worker:
                    TF_CPP_MIN_LOG_LEVEL="2")
         if self.backend.topology_compile:
             # libtpu compiles for a described topology; these keep it from probing for a TPU.
+            # No chip is claimed, so several workers may load libtpu at once (it would
+            # otherwise lock /tmp/libtpu_lockfile for the first one).
             env.update(TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v5litepod-4",
-                       TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
+                       TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0",
+                       ALLOW_MULTIPLE_LIBTPU_LOAD="1")
         cmd = [sys.executable, "-m", "evaluator.worker", "--platform", self.backend.platform,
                "--memory-gb", str(self.limits.memory_gb), "--read-only", str(PROJECT_ROOT)]
         if self.backend.interpret:
