@@ -35,7 +35,7 @@ class PeerClosed(EOFError):
 def encode(header: dict[str, Any], arrays: list[np.ndarray] = ()) -> bytes:
     metas, blobs = [], []
     for a in arrays:
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a)  # not ascontiguousarray: it turns 0-d (scalar) outputs into shape (1,)
         metas.append({"dtype": a.dtype.name, "shape": list(a.shape), "nbytes": a.nbytes})
         blobs.append(a.tobytes())
     head = json.dumps({**header, "_arrays": metas}).encode()

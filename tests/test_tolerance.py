@@ -23,8 +23,11 @@ def test_bad_outputs_fail_and_the_rounded_reference_passes(task, case):
     for ref, spec in zip(refs, task.out_specs(case)):
         # The reference itself, rounded to the output dtype, passes.
         assert compare(ref.astype(np_dtype(spec.dtype)), ref, tol).ok
-        # zeros, a constant (the mean) and noise of the right scale fail
         assert not compare(np.zeros_like(ref), ref, tol).ok
+        if ref.size == 1:  # a scalar (a mean loss): off by 1% must fail; nothing else applies
+            assert not compare(ref * 1.01, ref, tol).ok
+            continue
+        # a constant (the mean) and noise of the right scale fail
         assert not compare(np.full_like(ref, ref.mean()), ref, tol).ok
         noise = np.random.default_rng(1).standard_normal(ref.shape) * ref.std()
         assert not compare(noise, ref, tol).ok

@@ -1,0 +1,104 @@
+"""Group norm over NHWC activations in two sweeps of the spatial axis.
+
+Grid (sample, phase, spatial block): the sample axis is "parallel", the other two run in order.
+Phase 0 walks the [bh, C] spatial blocks of one sample and accumulates per-channel sums of x
+and x^2 (f32) in VMEM scratch; rows past the end of a ragged last block are masked out.
+Phase 1 starts by folding those sums into per-group mean and variance (one small matmul with
+a 0/1 same-group matrix built from iota), turns them with gamma and beta into a per-channel
+scale and shift, then walks the blocks again writing x * scale + shift.
+
+The output index map is (sample, phase * block): during phase 0 it stays on block 0, which is
+only written (and then written back) in phase 1, so no unwritten block ever reaches HBM.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+EPS = 1e-5
+_SLAB_BYTES_F32 = 1 << 20
+_MAX_ROWS = 512
+
+
+def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, scale_ref, shift_ref,
+                      *, hw, groups):
+    phase = pl.program_id(1)
+    j = pl.program_id(2)
+    bh, c = x_ref.shape
+    cg = c // groups
+
+    @pl.when((phase == 0) & (j == 0))
+    def _zero():
+        s1_ref[...] = jnp.zeros_like(s1_ref)
+        s2_ref[...] = jnp.zeros_like(s2_ref)
+
+    @pl.when(phase == 0)
+    def _accumulate():
+        x = x_ref[...].astype(jnp.float32)                              # [bh, c]
+        if hw % bh:  # ragged last block: its rows past hw hold padding
+            row = j * bh + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+            x = jnp.where(row < hw, x, 0.0)
+        s1_ref[...] += jnp.sum(x, axis=0, keepdims=True)                # [1, c]
+        s2_ref[...] += jnp.sum(x * x, axis=0, keepdims=True)
+
+    @pl.when((phase == 1) & (j == 0))
+    def _group_stats():
+        # Group sums per channel in one MXU product: sums[8, c] @ member[c, c] (rows 0 and 1
+        # of sums: sum of x and of x^2 per channel), where
+        # member[i, j] = 1 when channels i and j share a group (group = floor(channel / cg),
+        # computed in f32: exact for these small integers). HIGHEST keeps the f32 sums exact.
+        ci = jax.lax.broadcasted_iota(jnp.int32, (c, c), 0).astype(jnp.float32)
+        cj = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1).astype(jnp.float32)
+        group_of = lambda ch: jnp.floor((ch + 0.5) * (1.0 / cg))
+        member = (group_of(ci) == group_of(cj)).astype(jnp.float32)
+        row = jax.lax.broadcasted_iota(jnp.int32, (8, c), 0)
+        sums = jnp.where(row == 0, s1_ref[...], jnp.where(row == 1, s2_ref[...], 0.0))  # [8, c]
+        group_sums = jnp.dot(sums, member, precision=jax.lax.Precision.HIGHEST,
+                             preferred_element_type=jnp.float32) * (1.0 / (hw * cg))
+        mean = group_sums[0:1, :]                                       # [1, c]
+        mean_sq = group_sums[1:2, :]
+        var = jnp.maximum(mean_sq - mean * mean, 0.0)
+        scale = jax.lax.rsqrt(var + EPS) * gamma_ref[...].astype(jnp.float32)
+        scale_ref[...] = scale
+        shift_ref[...] = beta_ref[...].astype(jnp.float32) - mean * scale
+
+    @pl.when(phase == 1)
+    def _normalise():
+        x = x_ref[...].astype(jnp.float32)
+        o_ref[...] = (x * scale_ref[...] + shift_ref[...]).astype(o_ref.dtype)
+
+
+def _rows_per_block(hw, c, dtype):
+    sublane = 8 * max(1, 4 // jnp.dtype(dtype).itemsize)  # 8 rows for f32, 16 for bf16
+    cap = max(sublane, min(_MAX_ROWS, _SLAB_BYTES_F32 // (4 * c)) // sublane * sublane)
+    return hw if hw <= cap else cap
+
+
+@functools.partial(jax.jit, static_argnames=("groups", "bh"))
+def _group_norm(x, gamma, beta, *, groups, bh):
+    n, hw, c = x.shape
+    x_spec = pl.BlockSpec((pl.Squeezed(), bh, c), lambda b, p, j: (b, j, 0))
+    out_spec = pl.BlockSpec((pl.Squeezed(), bh, c), lambda b, p, j: (b, j * p, 0))
+    vec_spec = pl.BlockSpec((1, c), lambda b, p, j: (0, 0))
+    body = functools.partial(group_norm_kernel, hw=hw, groups=groups)
+    return pl.pallas_call(
+        body,
+        grid=(n, 2, pl.cdiv(hw, bh)),
+        in_specs=[x_spec, vec_spec, vec_spec],
+        out_specs=out_spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_shapes=[pltpu.VMEM((1, c), jnp.float32) for _ in range(4)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary")),
+    )(x, gamma.reshape(1, c), beta.reshape(1, c))
+
+
+def kernel(x, gamma, beta):
+    n, hw, c = x.shape
+    groups, cg = gamma.shape
+    if groups * cg != c or beta.shape != gamma.shape:
+        raise ValueError(f"expected gamma, beta of shape [G, C // G]: {x.shape=} {gamma.shape=} "
+                         f"{beta.shape=}")
+    return _group_norm(x, gamma, beta, groups=groups, bh=_rows_per_block(hw, c, x.dtype))
