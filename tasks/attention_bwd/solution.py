@@ -1,0 +1,171 @@
+"""Flash-attention backward (no mask): two Pallas kernels that recompute p = exp(s - lse).
+
+delta = sum(o * do, -1) (an O(seq * head_dim) row sum) is computed in the wrapper. Then:
+
+- dk/dv kernel, grid (batch, heads, kv blocks, q blocks): for one kv block it walks the q blocks,
+  recomputing the transposed logits s^T = k q^T * scale and p^T = exp(s^T - lse), and accumulates
+  dv += p^T do and dk += dS^T q in f32 VMEM scratch, where dS^T = p^T * (v do^T - delta);
+  dk is scaled once at the end.
+- dq kernel, grid (batch, heads, q blocks, kv blocks): for one q block it walks the kv blocks and
+  accumulates dq += dS k the same way.
+
+Working on s^T in the dk/dv kernel keeps every matmul in the A @ B or A @ B^T form, and lets lse
+and delta enter as lane-major rows [1, block_q]; the dq kernel takes them as columns [block_q, 1].
+A sequence that is not a multiple of the block is padded in the wrapper; padded queries and keys
+are masked out of p, and the padded rows of the gradients are sliced off.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+# Finite, so a masked logit gives exp(_MASK_VALUE - lse) == 0.
+_MASK_VALUE = -1e30
+_NN = (((1,), (0,)), ((), ()))  # A @ B
+_NT = (((1,), (1,)), ((), ()))  # A @ B^T: contract the last dim of both operands
+
+
+def _round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def _block_size(seq):
+    """Rows per q and kv block: 512 for long sequences (fewer steps, full MXU tiles), else 128."""
+    return 512 if seq >= 1024 else 128
+
+
+def _dot(a, b, dims):
+    """a @ b (or a @ b^T) with f32 accumulation.
+
+    f32 operands ask for full f32 precision: p = exp(s - lse) compares recomputed logits with a
+    given lse, so logits from bf16-rounded operands would be off by up to |s| * 2**-8 in the
+    exponent. bf16 operands multiply exactly with f32 accumulation either way.
+    """
+    precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _mask(s, row_start, col_start, valid):
+    """Masks s where valid(row positions, col positions) is False."""
+    rows = row_start + lax.broadcasted_iota(jnp.int32, s.shape, 0)
+    cols = col_start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    return jnp.where(valid(rows, cols), s, _MASK_VALUE)
+
+
+def dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+                dk_acc, dv_acc, *, scale, seq_len, block_q, block_k):
+    kv = pl.program_id(2)
+    qi = pl.program_id(3)
+
+    @pl.when(qi == 0)
+    def _init():
+        dk_acc[...] = jnp.zeros_like(dk_acc)
+        dv_acc[...] = jnp.zeros_like(dv_acc)
+
+    q = q_ref[...]    # [block_q, d]
+    k = k_ref[...]    # [block_k, d]
+    v = v_ref[...]    # [block_k, d]
+    do = do_ref[...]  # [block_q, d]
+    s_t = _dot(k, q, _NT) * scale  # [bk, bq]
+    if seq_len % block_q or seq_len % block_k:  # static: only padded sequences need masking
+        s_t = _mask(s_t, kv * block_k, qi * block_q,
+                    lambda key, query: (key < seq_len) & (query < seq_len))
+    p_t = jnp.exp(s_t - lse_ref[...])  # lse row [1, bq]
+    dv_acc[...] += _dot(p_t.astype(do.dtype), do, _NN)
+    dp_t = _dot(v, do, _NT)  # [bk, bq]
+    ds_t = p_t * (dp_t - delta_ref[...])  # delta row [1, bq]
+    dk_acc[...] += _dot(ds_t.astype(q.dtype), q, _NN)
+
+    @pl.when(qi == pl.num_programs(3) - 1)
+    def _store():
+        dk_ref[...] = (dk_acc[...] * scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+
+def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_acc, *,
+              scale, seq_len, block_q, block_k):
+    qi = pl.program_id(2)
+    kv = pl.program_id(3)
+
+    @pl.when(kv == 0)
+    def _init():
+        dq_acc[...] = jnp.zeros_like(dq_acc)
+
+    q = q_ref[...]    # [block_q, d]
+    k = k_ref[...]    # [block_k, d]
+    v = v_ref[...]    # [block_k, d]
+    do = do_ref[...]  # [block_q, d]
+    s = _dot(q, k, _NT) * scale  # [bq, bk]
+    if seq_len % block_k:  # padded queries need no mask here: their dq rows are sliced off
+        s = _mask(s, qi * block_q, kv * block_k, lambda query, key: key < seq_len)
+    p = jnp.exp(s - lse_ref[...])  # lse column [bq, 1]
+    dp = _dot(do, v, _NT)  # [bq, bk]
+    ds = p * (dp - delta_ref[...])  # delta column [bq, 1]
+    dq_acc[...] += _dot(ds.astype(k.dtype), k, _NN)
+
+    @pl.when(kv == pl.num_programs(3) - 1)
+    def _store():
+        dq_ref[...] = (dq_acc[...] * scale).astype(dq_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_q", "block_k"))
+def _attention_bwd(q, k, v, o, lse, do, *, block_q, block_k):
+    batch, heads, seq, head_dim = q.shape
+    scale = head_dim ** -0.5
+    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # [b, h, s]
+    lse = lse.astype(jnp.float32)
+    seq_pad = _round_up(seq, max(block_q, block_k))
+    if seq_pad != seq:
+        pad = ((0, 0), (0, 0), (0, seq_pad - seq), (0, 0))
+        q, k, v, do = (jnp.pad(x, pad) for x in (q, k, v, do))
+        lse, delta = (jnp.pad(x, pad[:3]) for x in (lse, delta))
+    # Rows [b, h, 1, s] for the dk/dv kernel, columns [b, h, s, 1] for the dq kernel.
+    lse_row, delta_row = lse[:, :, None, :], delta[:, :, None, :]
+    lse_col, delta_col = lse[..., None], delta[..., None]
+    num_q, num_k = seq_pad // block_q, seq_pad // block_k
+    params = dict(scale=scale, seq_len=seq, block_q=block_q, block_k=block_k)
+    sq = pl.squeezed
+
+    # dk, dv: grid (b, h, kv block j, q block i), i innermost.
+    q_blk = pl.BlockSpec((sq, sq, block_q, head_dim), lambda b, h, j, i: (b, h, i, 0))
+    kv_blk = pl.BlockSpec((sq, sq, block_k, head_dim), lambda b, h, j, i: (b, h, j, 0))
+    row_blk = pl.BlockSpec((sq, sq, 1, block_q), lambda b, h, j, i: (b, h, 0, i))
+    dk, dv = pl.pallas_call(
+        functools.partial(dkdv_kernel, **params),
+        grid=(batch, heads, num_k, num_q),
+        in_specs=[q_blk, kv_blk, kv_blk, q_blk, row_blk, row_blk],
+        out_specs=[kv_blk, kv_blk],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch_shapes=[pltpu.VMEM((block_k, head_dim), jnp.float32),   # dk accumulator
+                        pltpu.VMEM((block_k, head_dim), jnp.float32)],  # dv accumulator
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+    )(q, k, v, do, lse_row, delta_row)
+
+    # dq: grid (b, h, q block i, kv block j), j innermost.
+    q_blk = pl.BlockSpec((sq, sq, block_q, head_dim), lambda b, h, i, j: (b, h, i, 0))
+    kv_blk = pl.BlockSpec((sq, sq, block_k, head_dim), lambda b, h, i, j: (b, h, j, 0))
+    col_blk = pl.BlockSpec((sq, sq, block_q, 1), lambda b, h, i, j: (b, h, i, 0))
+    dq = pl.pallas_call(
+        functools.partial(dq_kernel, **params),
+        grid=(batch, heads, num_q, num_k),
+        in_specs=[q_blk, kv_blk, kv_blk, q_blk, col_blk, col_blk],
+        out_specs=q_blk,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=[pltpu.VMEM((block_q, head_dim), jnp.float32)],  # dq accumulator
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+    )(q, k, v, do, lse_col, delta_col)
+    return tuple(x[:, :, :seq, :] for x in (dq, dk, dv))
+
+
+def kernel(q, k, v, o, lse, do):
+    if q.ndim != 4 or any(x.shape != q.shape for x in (k, v, o, do)) or lse.shape != q.shape[:3]:
+        raise ValueError(f"expected q, k, v, o, do of one shape [batch, heads, seq, head_dim] and "
+                         f"lse [batch, heads, seq], got {q.shape=} {k.shape=} {v.shape=} "
+                         f"{o.shape=} {lse.shape=} {do.shape=}")
+    block = _block_size(q.shape[2])
+    return _attention_bwd(q, k, v, o, lse, do, block_q=block, block_k=block)

@@ -1,0 +1,147 @@
+"""attention_bwd: gradients dq, dk, dv of softmax(q @ k^T * head_dim**-0.5) @ v, no mask.
+
+Given q, k, v, the forward output o, the row logsumexp lse of the scaled logits and the output
+gradient do, compute dq, dk, dv (what a flash-attention backward pass does). The reference is
+jax.vjp of the plain float32 attention, so it depends only on q, k, v and do; o and lse are
+inputs a kernel may use (to recompute the probabilities as exp(s - lse) and the row sums
+delta = sum(o * do, -1)) and make_inputs builds them consistently from q, k, v.
+
+The helpers here are shared with attention_bwd_causal, which passes causal=True.
+"""
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tasks.attention_fwd.task import attention_reference
+from tasks.spec import ArgSpec, Case, Task, Tolerance, case_grid, normal, np_dtype
+
+_DTYPES = ("float32", "bfloat16")
+# As in attention_fwd: q and k scaled so the softmax rows are peaky.
+_QK_SCALE = 1.5
+# Spikes: this fraction of q and k entries is multiplied by _SPIKE. Real activations have rare
+# large entries; they make a few logits (and gradients) much larger than the rest, which is where
+# a wrong scale or a dropped term shows while a pointwise check on Gaussian data might not.
+_SPIKE_FRACTION = 0.01
+_SPIKE = 8.0
+
+# Gradients of a spiky softmax have heavy-tailed honest errors (a bf16-rounded dS entry times a
+# spike of k can land where dq is near zero), so the element-wise bound is loose (atol = 1x the
+# output's rms, rtol 0.1) and the relative L2 error does the judging. Worst-output rel_l2 measured
+# on the check cases (40-80 seeds each, numpy emulation of the kernels' roundings, confirmed on
+# the Pallas kernels): exact f32 kernel 5e-6; f32 kernel with f32 logits but single-pass bf16
+# operands in the other four matmuls 7e-3..1.0e-2 (passes f32); bf16 kernel with bf16 p and dS
+# 4e-3..6e-3 (mostly from the bf16 o in delta). A f32 kernel whose logits too come from
+# bf16-rounded q and k lands at 3.4e-2..6.6e-2 and fails f32: p = exp(s - lse) against the given
+# lse needs accurate logits. Wrong kernels (delta dropped, a scale missing or doubled, p where
+# p^T belongs) are at rel_l2 >= 0.7.
+TOLERANCES = {
+    "float32": Tolerance(atol=1.0, rtol=0.1, rel_l2=2e-2),
+    "bfloat16": Tolerance(atol=1.0, rtol=0.1, rel_l2=3e-2),
+}
+
+
+def attention_bwd_reference(q, k, v, o, lse, do, *, causal: bool):
+    """(dq, dk, dv) by jax.vjp of plain float32 attention; o and lse are not needed."""
+    del o, lse
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    q, k, v, do = (x.astype(jnp.float32) for x in (q, k, v, do))
+    _, vjp = jax.vjp(lambda q_, k_, v_: attention_reference(q_, k_, v_, causal=causal), q, k, v)
+    return tuple(g.astype(dt) for g, dt in zip(vjp(do), dtypes))
+
+
+def reference(q, k, v, o, lse, do):
+    return attention_bwd_reference(q, k, v, o, lse, do, causal=False)
+
+
+def arg_specs(case: Case) -> list[ArgSpec]:
+    d = case.dims
+    shape = (d["b"], d["h"], d["s"], d["d"])
+    x = ArgSpec(shape, case.dtype)
+    return [x, x, x, x, ArgSpec(shape[:3], "float32"), x]  # q, k, v, o, lse, do
+
+
+def out_specs(case: Case) -> list[ArgSpec]:
+    return arg_specs(case)[:3]  # dq, dk, dv
+
+
+def spiky(rng: np.random.Generator, shape, dtype: str, scale: float) -> np.ndarray:
+    """Gaussian times `scale`, with _SPIKE_FRACTION of the entries _SPIKE times larger."""
+    x = normal(rng, shape, "float32", scale=scale)
+    x = np.where(rng.random(shape) < _SPIKE_FRACTION, x * _SPIKE, x)
+    return x.astype(np_dtype(dtype))
+
+
+def forward_stats(q, k, v, *, causal: bool):
+    """(o, lse) of attention in float64 numpy (no jax here: the host must not claim a device)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+    if causal:
+        seq_q, seq_k = s.shape[-2:]
+        s = np.where(np.arange(seq_q)[:, None] >= np.arange(seq_k)[None, :], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - m)
+    l = e.sum(axis=-1, keepdims=True)
+    o = np.einsum("bhqk,bhkd->bhqd", e / l, v)
+    lse = (m + np.log(l))[..., 0]
+    return o, lse
+
+
+def make_inputs_for(case: Case, rng: np.random.Generator, *, causal: bool):
+    specs = arg_specs(case)
+    q = spiky(rng, specs[0].shape, case.dtype, _QK_SCALE)
+    k = spiky(rng, specs[1].shape, case.dtype, _QK_SCALE)
+    v = normal(rng, specs[2].shape, case.dtype)
+    do = normal(rng, specs[5].shape, case.dtype)
+    # o and lse from the dtype-rounded q, k, v: exactly the forward pass of these inputs.
+    o, lse = forward_stats(q, k, v, causal=causal)
+    return q, k, v, o.astype(np_dtype(case.dtype)), lse.astype(np.float32), do
+
+
+def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    return make_inputs_for(case, rng, causal=False)
+
+
+# Check sizes keep each of a flash backward's two TPU-interpret grids at <= 16 steps with
+# 128-row blocks; one shape per split keeps the check run short (two kernels per case).
+CASES = (
+    case_grid("train", "check", [dict(b=2, h=2, s=256, d=128)], _DTYPES)
+    # Held out, different in kind: batch 1, head_dim 64 and a sequence that is not a multiple of
+    # 128 (padded queries and keys).
+    + case_grid("heldout", "check", [dict(b=1, h=3, s=200, d=64)], _DTYPES)
+    + case_grid("train", "bench", [dict(b=4, h=16, s=4096, d=128)], _DTYPES)
+    + case_grid("heldout", "bench", [dict(b=1, h=8, s=3000, d=64)], _DTYPES)
+)
+
+
+def build_task(*, name: str, description: str, reference_fn, make_inputs_fn,
+               solution_path: Path) -> Task:
+    """An attention-backward task over the shared cases; the two variants differ only in the mask."""
+    return Task(
+        name=name,
+        version=1,
+        level=3,
+        description=description,
+        signature=("kernel(q[B, H, S, D], k[B, H, S, D], v[B, H, S, D], o[B, H, S, D], "
+                   "lse[B, H, S] float32, do[B, H, S, D]) -> (dq, dk, dv), each [B, H, S, D]"),
+        reference=reference_fn,
+        arg_specs=arg_specs,
+        make_inputs=make_inputs_fn,
+        out_specs=out_specs,
+        cases=tuple(CASES),
+        solution_path=solution_path,
+        required_features=(),
+        tolerances=dict(TOLERANCES),
+    )
+
+
+TASK = build_task(
+    name="attention_bwd",
+    description=("Multi-head attention backward, no mask: dq, dk, dv of "
+                 "softmax(q @ k^T * head_dim**-0.5) @ v given o, lse (natural-log logsumexp of the "
+                 "scaled logits, float32) and do; float32 math, outputs in q.dtype."),
+    reference_fn=reference,
+    make_inputs_fn=make_inputs,
+    solution_path=Path(__file__).with_name("solution.py"),
+)

@@ -1,0 +1,23 @@
+"""attention_bwd_causal: attention_bwd with a causal mask (query i sees keys j <= i)."""
+from pathlib import Path
+
+from tasks.attention_bwd.task import attention_bwd_reference, build_task, make_inputs_for
+
+
+def reference(q, k, v, o, lse, do):
+    return attention_bwd_reference(q, k, v, o, lse, do, causal=True)
+
+
+def make_inputs(case, rng):
+    return make_inputs_for(case, rng, causal=True)
+
+
+TASK = build_task(
+    name="attention_bwd_causal",
+    description=("Causal multi-head attention backward (query i attends to keys j <= i): dq, dk, dv "
+                 "of softmax(q @ k^T * head_dim**-0.5) @ v given o, lse (natural-log logsumexp of "
+                 "the scaled, masked logits, float32) and do; float32 math, outputs in q.dtype."),
+    reference_fn=reference,
+    make_inputs_fn=make_inputs,
+    solution_path=Path(__file__).with_name("solution.py"),
+)
