@@ -128,5 +128,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
-    required_features=("scalar_prefetch",),
+    required_features=("scalar_prefetch", "manual_dma"),
 )
