@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PALLAS_EVAL_ASSUME_NO_TPU", "1")
 
 from evaluator import worker as worker_module  # noqa: E402
-from evaluator.backends import get_backend  # noqa: E402
 from evaluator.grader import Evaluator, Job  # noqa: E402
 from tasks import all_tasks  # noqa: E402
 

@@ -171,6 +171,12 @@ def case_grid(
     return cases
 
 
+def activation_shape(case: Case) -> tuple[int, ...]:
+    """Input shape of a row-wise op: [rows, d] when the case has `rows`, else [b, s, d]."""
+    d = case.dims
+    return (d["rows"], d["d"]) if "rows" in d else (d["b"], d["s"], d["d"])
+
+
 def normal(rng: np.random.Generator, shape: Sequence[int], dtype: str, scale: float = 1.0,
            shift: float = 0.0) -> np.ndarray:
     """Gaussian input cast to `dtype` (bf16 via ml_dtypes, which ships with jax)."""

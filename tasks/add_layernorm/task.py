@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal, np_dtype
+from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, normal, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 EPS = 1e-5
@@ -22,27 +22,20 @@ def reference(x, residual, gamma, beta):
     return (y * gamma.astype(jnp.float32) + beta.astype(jnp.float32)).astype(x.dtype)
 
 
-def _shape(case: Case) -> tuple[int, ...]:
-    d = case.dims
-    if "rows" in d:
-        return (d["rows"], d["d"])
-    return (d["b"], d["s"], d["d"])
-
-
 def arg_specs(case: Case) -> list[ArgSpec]:
     vec = ArgSpec((case.dims["d"],), case.dtype)
-    return [ArgSpec(_shape(case), case.dtype), ArgSpec(_shape(case), case.dtype), vec, vec]
+    return [ArgSpec(activation_shape(case), case.dtype), ArgSpec(activation_shape(case), case.dtype), vec, vec]
 
 
 def out_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case), case.dtype)]
+    return [ArgSpec(activation_shape(case), case.dtype)]
 
 
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     x_spec, r_spec, g_spec, b_spec = arg_specs(case)
     # Every row of x has its own offset (-3..3) and spread (0.5..3), so skipping the mean, the
     # variance or the residual is far off; gamma is far from ones and beta from zeros.
-    shape = _shape(case)
+    shape = activation_shape(case)
     rows = shape[:-1] + (1,)
     x = (rng.standard_normal(shape, dtype=np.float32) * rng.uniform(0.5, 3.0, size=rows)
          + rng.uniform(-3.0, 3.0, size=rows))

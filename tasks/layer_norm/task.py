@@ -4,7 +4,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal, np_dtype
+from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, normal, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 EPS = 1e-5
@@ -18,25 +18,18 @@ def reference(x, gamma, beta):
     return (y * gamma.astype(jnp.float32) + beta.astype(jnp.float32)).astype(x.dtype)
 
 
-def _shape(case: Case) -> tuple[int, ...]:
-    d = case.dims
-    if "rows" in d:
-        return (d["rows"], d["d"])
-    return (d["b"], d["s"], d["d"])
-
-
 def arg_specs(case: Case) -> list[ArgSpec]:
     d = case.dims["d"]
-    return [ArgSpec(_shape(case), case.dtype), ArgSpec((d,), case.dtype),
+    return [ArgSpec(activation_shape(case), case.dtype), ArgSpec((d,), case.dtype),
             ArgSpec((d,), case.dtype)]
 
 
 def out_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case), case.dtype)]
+    return [ArgSpec(activation_shape(case), case.dtype)]
 
 
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    shape = _shape(case)
+    shape = activation_shape(case)
     d = case.dims["d"]
     # Rows with their own mean (uniform in [-2, 2]) and spread (std 0.5-3), so skipping the
     # mean, the variance or either affine term shows up; gamma far from ones, beta non-zero.

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 EPS = 1e-6
@@ -22,20 +22,13 @@ def reference(x, residual, scale):
     return out.astype(x.dtype), s.astype(x.dtype)
 
 
-def _shape(case: Case) -> tuple[int, ...]:
-    d = case.dims
-    if "rows" in d:
-        return (d["rows"], d["d"])
-    return (d["b"], d["s"], d["d"])
-
-
 def arg_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case), case.dtype), ArgSpec(_shape(case), case.dtype),
+    return [ArgSpec(activation_shape(case), case.dtype), ArgSpec(activation_shape(case), case.dtype),
             ArgSpec((case.dims["d"],), case.dtype)]
 
 
 def out_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case), case.dtype), ArgSpec(_shape(case), case.dtype)]
+    return [ArgSpec(activation_shape(case), case.dtype), ArgSpec(activation_shape(case), case.dtype)]
 
 
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:

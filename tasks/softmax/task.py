@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, np_dtype
+from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -14,19 +14,12 @@ def reference(x):
     return jax.nn.softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)
 
 
-def _shape(case: Case) -> tuple[int, ...]:
-    d = case.dims
-    if "rows" in d:
-        return (d["rows"], d["d"])
-    return (d["b"], d["s"], d["d"])
-
-
 def arg_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case), case.dtype)]
+    return [ArgSpec(activation_shape(case), case.dtype)]
 
 
 def out_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case), case.dtype)]
+    return [ArgSpec(activation_shape(case), case.dtype)]
 
 
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -34,7 +27,7 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     # zero or constant outputs miss the reference by a wide margin. A per-row offset of
     # 90-110 makes exp overflow in float32 in every row unless the kernel subtracts the
     # row max (softmax itself does not change with the offset).
-    shape = _shape(case)
+    shape = activation_shape(case)
     logits = rng.standard_normal(shape, dtype=np.float32) * 3.0
     offsets = rng.uniform(90.0, 110.0, size=shape[:-1] + (1,)).astype(np.float32)
     return ((logits + offsets).astype(np_dtype(case.dtype)),)

@@ -4,7 +4,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, np_dtype
+from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 K = 8  # fixed: a bounded selection, as in MoE routing and sampling
@@ -14,17 +14,12 @@ def reference(x):
     return jax.lax.top_k(x, K)[0].astype(x.dtype)
 
 
-def _shape(case: Case) -> tuple[int, ...]:
-    d = case.dims
-    return (d["rows"], d["d"]) if "rows" in d else (d["b"], d["s"], d["d"])
-
-
 def arg_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case), case.dtype)]
+    return [ArgSpec(activation_shape(case), case.dtype)]
 
 
 def out_specs(case: Case) -> list[ArgSpec]:
-    return [ArgSpec(_shape(case)[:-1] + (K,), case.dtype)]
+    return [ArgSpec(activation_shape(case)[:-1] + (K,), case.dtype)]
 
 
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
