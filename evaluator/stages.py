@@ -63,7 +63,8 @@ class GradingContext:
         return self.task.select(self.split, "check")
 
 
-def _case_request(task: Task, case: Case) -> dict[str, Any]:
+def case_request(task: Task, case: Case) -> dict[str, Any]:
+    """What a worker needs to trace, lower or compile a case: its name and argument specs."""
     return {"name": case.name, "args": [[list(a.shape), a.dtype] for a in task.arg_specs(case)]}
 
 
@@ -107,7 +108,7 @@ def load_stage(ctx: GradingContext) -> Failure | None:
 def structure_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
     # Bench sizes also get the traffic analysis that the performance model needs.
-    requests = [{**_case_request(ctx.task, c), "traffic": c.size == "bench"} for c in cases]
+    requests = [{**case_request(ctx.task, c), "traffic": c.size == "bench"} for c in cases]
     reply, _ = ctx.worker.call({"cmd": "trace", "cases": requests}, what="tracing kernel()")
     if not reply["ok"]:
         case = next(c for c in cases if c.name == reply["case"])
@@ -159,7 +160,7 @@ def features_stage(ctx: GradingContext) -> Failure | None:
 # --- 6. lowering (Pallas -> Mosaic) and compilation for TPU ---------------------------------
 def lowering_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
-    reply, _ = ctx.worker.call({"cmd": "lower", "cases": [_case_request(ctx.task, c) for c in cases],
+    reply, _ = ctx.worker.call({"cmd": "lower", "cases": [case_request(ctx.task, c) for c in cases],
                                 "compile": ctx.backend.device_compile},
                                what="lowering kernel() for TPU")
     if not reply["ok"]:
@@ -183,7 +184,7 @@ def _topology_compile(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     memory = ctx.verdict.details.setdefault("compiled_memory", {})
     for case in cases:
         reply, _ = ctx.worker.call({"cmd": "compile", "topology": gen.topology,
-                                    "case": _case_request(ctx.task, case)},
+                                    "case": case_request(ctx.task, case)},
                                    timeout_s=ctx.worker.limits.compile_timeout_s,
                                    what=f"compiling case {case.name} for TPU {gen.name}")
         if not reply["ok"]:

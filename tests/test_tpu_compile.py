@@ -11,6 +11,7 @@ from evaluator.backends import get_backend
 from evaluator.grader import Evaluator
 from evaluator.hardware import GENERATIONS
 from evaluator.sandbox import Limits, Worker
+from evaluator.stages import case_request
 from tasks import all_tasks
 from tests.conftest import read_candidate
 
@@ -70,10 +71,8 @@ def test_every_solution_compiles(gen):
         for task in all_tasks():
             assert worker.call({"cmd": "load", "source": task.solution_source()})[0]["ok"]
             for case in task.select("all", "bench"):
-                request = {"name": case.name,
-                           "args": [[list(a.shape), a.dtype] for a in task.arg_specs(case)]}
                 reply, _ = worker.call({"cmd": "compile", "topology": GENERATIONS[gen].topology,
-                                        "case": request}, timeout_s=300)
+                                        "case": case_request(task, case)}, timeout_s=300)
                 if not reply["ok"]:
                     failures.append(f"{task.name}/{case.name}: {reply['error']}")
             worker.call({"cmd": "reset"})
