@@ -1,7 +1,7 @@
 """The worker process: runs untrusted candidate code on request, one candidate at a time.
 
 Started by evaluator/sandbox.py as `python -m evaluator.worker`. It imports JAX once and then
-serves requests (load, trace, lower, run, time, reset) over its stdin/stdout pipes, so many
+serves requests (load, trace, lower, compile, run, time, reset) over its stdin/stdout pipes, so many
 candidates share one start-up. It never sees the reference or the expected outputs: the host
 compares results. Anything the candidate prints goes to the worker's log, not the pipe.
 """
@@ -48,7 +48,8 @@ def main() -> None:
             return
         handler = _HANDLERS.get(header.get("cmd", ""))
         if handler is None:
-            protocol.write_message(proto_out, {"ok": False, "error": f"unknown command {header}"})
+            protocol.write_message(proto_out, {"ok": False, "internal": True, "error_type": "KeyError",
+                                               "error": f"unknown command {header.get('cmd')!r}"})
             continue
         try:
             reply, out_arrays = handler(state, header, arrays)
