@@ -37,6 +37,7 @@ class Limits:
     compile_timeout_s: float = 300.0  # one libtpu compile (tpu-compile); over-sized VMEM fails slowly
     startup_timeout_s: float = 90.0  # importing JAX in a new worker
     memory_gb: float = 8.0           # address space of a worker
+    max_tasks: int = 512             # processes + threads of a worker (JAX itself runs ~30)
     max_jobs_per_worker: int = 200   # recycle now and then so leaks cannot accumulate
 
 
@@ -60,7 +61,8 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.root: Path | None = None
         self.jobs = 0
-        self.isolation: dict[str, bool] = {}  # what the OS granted: network / read_only
+        self.isolation: dict[str, bool] = {}  # what the OS granted: network, read_only, process_limit
+        self.cgroup: Path | None = None
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -88,11 +90,12 @@ class Worker:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log, cwd=workdir, env=env, start_new_session=True)
         self.jobs = 0
+        self.cgroup = _limit_tasks(self.proc.pid, self.limits.max_tasks)
         header, _ = self._receive(self.limits.startup_timeout_s, "starting the worker")
         if not header.get("ready"):
             self.kill()
             raise WorkerError("crash", f"worker failed to start: {header}")
-        self.isolation = header.get("isolation", {})
+        self.isolation = {**header.get("isolation", {}), "process_limit": self.cgroup is not None}
 
     @property
     def alive(self) -> bool:
@@ -109,6 +112,16 @@ class Worker:
                 with contextlib.suppress(Exception):
                     stream.close()
             self.proc = None
+        if self.cgroup is not None:
+            for _ in range(40):  # empty once the killed children are reaped: a moment
+                try:
+                    self.cgroup.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            self.cgroup = None
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
@@ -165,6 +178,28 @@ class Worker:
             return ""
         lines = [ln for ln in data.strip().splitlines() if ln.strip()]
         return " | ".join(lines[-4:])[-n_chars:]
+
+
+_PIDS_CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))  # cgroup v1, v2
+
+
+def _limit_tasks(pid: int, max_tasks: int) -> Path | None:
+    """Put a worker in its own pids cgroup (processes + threads <= max_tasks): a fork bomb
+    fails with EAGAIN instead of taking the machine. Best effort: None where cgroups are not
+    writable (RLIMIT_NPROC would not help: it does not bind root, and counts per user)."""
+    for root in _PIDS_CGROUP_ROOTS:
+        if not (root / "pids.max").exists() and not (root / "cgroup.procs").exists():
+            continue
+        group = root / f"pallas-eval-{pid}"
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "pids.max").write_text(str(max_tasks))
+            (group / "cgroup.procs").write_text(str(pid))
+            return group
+        except OSError:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+    return None
 
 
 class WorkerPool:

@@ -151,3 +151,20 @@ def test_project_is_read_only_for_the_worker(worker):
 def test_segfault_becomes_a_crash(worker):
     with pytest.raises(WorkerError, match="SIGSEGV"):
         load(worker, "import ctypes\nctypes.string_at(0)\n")
+
+
+def test_process_count_is_limited(worker):
+    source = ("import subprocess\n"
+              "started = 0\n"
+              "try:\n"
+              "    for _ in range(2000):\n"
+              "        subprocess.Popen(['sleep', '30'])\n"
+              "        started += 1\n"
+              "except OSError as exc:\n"
+              "    raise RuntimeError(f'stopped after {started}: {exc}')\n")
+    reply = load(worker, source)
+    if not worker.isolation.get("process_limit"):
+        pytest.skip("no writable pids cgroup on this system")
+    assert not reply["ok"] and "stopped after" in reply["error"]
+    assert int(reply["error"].split("stopped after ")[1].split(":")[0]) < 512
+    worker.kill()  # the whole group goes, sleepers included
