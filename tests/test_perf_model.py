@@ -51,7 +51,8 @@ def test_needless_refetch_scores_worse_and_ideal_is_the_floor(gen):
     bad = estimate(case.name, _summary((HONEST / "matmul_other_grid_order.py").read_text()),
                    GENERATIONS[gen], flops, args, outs)
     assert good.ideal_bytes == 3 * N * N * 4
-    assert 1.0 <= good.slowdown_vs_ideal < bad.slowdown_vs_ideal
+    assert good.slowdown_vs_ideal >= 1.0  # the ideal kernel is the floor
+    assert good.slowdown_vs_ideal < bad.slowdown_vs_ideal
     assert good.hbm_bytes < bad.hbm_bytes and good.time_s < bad.time_s
     assert good.flops == pytest.approx(flops, rel=0.02)
 
