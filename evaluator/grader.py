@@ -14,7 +14,7 @@ from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import StageTiming, Verdict
 from evaluator.reference import ReferenceCache
 from evaluator.sandbox import Limits, WorkerError, WorkerPool
-from evaluator.stages import STAGES, WORKER_STAGES, Failure, GradingContext, correct_message
+from evaluator.stages import SOURCE_STAGES, STAGES, Failure, GradingContext, correct_message
 from tasks import get_task
 from tasks.spec import Task
 
@@ -79,7 +79,7 @@ class Evaluator:
         failure: Failure | None = None
         try:
             for name, stage in STAGES:
-                if name in WORKER_STAGES and ctx.worker is None:
+                if name not in SOURCE_STAGES and ctx.worker is None:
                     lease = self.pool.lease()
                     ctx.worker = lease.__enter__()
                 t0 = time.perf_counter()

@@ -352,8 +352,8 @@ STAGES: tuple[tuple[str, Stage], ...] = (
     ("run", run_stage),
     ("timing", timing_stage),
 )
-# Stages that need a worker process (everything after the source-only checks).
-WORKER_STAGES = frozenset({"load", "structure", "features", "lowering", "estimate", "run", "timing"})
+# Stages that read only the source text; every later stage gets a worker process.
+SOURCE_STAGES = frozenset({"extract", "policy"})
 
 
 def correct_message(ctx: GradingContext) -> str:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from evaluator.jaxpr_analysis import OutsideCost, _sub_jaxprs, _walk
+
 MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead of evaluating
 
 
@@ -45,14 +47,12 @@ def kernel_cost_per_step(kernel_jaxpr: Any) -> tuple[float, float]:
     their trip count, a pl.when counts its dearer branch. A DMA moves its destination
     buffer's size (the usual case: a VMEM buffer filled from a slice of an HBM array).
     """
-    from evaluator.jaxpr_analysis import OutsideCost, _sub_jaxprs, _walk
-
     flops = OutsideCost()
     _walk(kernel_jaxpr, 1.0, [], flops, count_heavy=True)
-    return flops.flops, _dma_bytes(kernel_jaxpr, 1.0, _sub_jaxprs)
+    return flops.flops, _dma_bytes(kernel_jaxpr, 1.0)
 
 
-def _dma_bytes(jaxpr: Any, mult: float, sub_jaxprs: Any) -> float:
+def _dma_bytes(jaxpr: Any, mult: float) -> float:
     total = 0.0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dma_start":
@@ -64,7 +64,7 @@ def _dma_bytes(jaxpr: Any, mult: float, sub_jaxprs: Any) -> float:
                 total += mult * math.prod(dst.shape) * np.dtype(dst.dtype).itemsize
             continue
         inner = mult * (float(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1.0)
-        branches = [_dma_bytes(j, inner, sub_jaxprs) for j in sub_jaxprs(eqn)]
+        branches = [_dma_bytes(j, inner) for j in _sub_jaxprs(eqn)]
         if branches:
             total += max(branches) if eqn.primitive.name == "cond" else sum(branches)
     return total
