@@ -6,6 +6,7 @@ sandbox is the second line of defence; this stage refuses the obvious and explai
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -160,9 +161,16 @@ CHECKS: tuple[Callable[[ast.AST, Context], list[Violation]], ...] = (
 )
 
 
+# CPython 3.11's AST constructor keeps its recursion counter in shared state, so two threads
+# parsing at once can fail with "SystemError: AST constructor recursion depth mismatch"
+# (python/cpython#106905). The grader grades candidates on threads; parsing is cheap, so serialize it.
+_PARSE_LOCK = threading.Lock()
+
+
 def parse(source: str) -> ast.Module:
     try:
-        return ast.parse(source, filename="candidate.py")
+        with _PARSE_LOCK:
+            return ast.parse(source, filename="candidate.py")
     except SyntaxError as exc:
         line = (exc.text or "").strip()
         raise PolicySyntaxError(f"line {exc.lineno}: {exc.msg}" + (f": {line}" if line else "")) from None

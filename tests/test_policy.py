@@ -1,3 +1,5 @@
+import threading
+
 import pytest
 
 from evaluator import policy
@@ -61,3 +63,24 @@ def test_all_reference_and_honest_solutions_pass_the_policy():
 def test_syntax_error_reports_the_line():
     with pytest.raises(policy.PolicySyntaxError, match="line 2"):
         policy.parse("def kernel(x):\n    return (x\n")
+
+
+def test_parse_is_safe_from_many_threads():
+    """The grader parses on threads; CPython 3.11's ast raises SystemError when two parse at once."""
+    sources = [t.solution_source() for t in all_tasks()]
+    errors: list[BaseException] = []
+
+    def parse_all() -> None:
+        for _ in range(4):
+            for source in sources:
+                try:
+                    policy.parse(source)
+                except BaseException as exc:  # noqa: BLE001 - any escape is the failure under test
+                    errors.append(exc)
+
+    threads = [threading.Thread(target=parse_all) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
