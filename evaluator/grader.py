@@ -99,7 +99,12 @@ class Evaluator:
             return None
         finally:
             if lease is not None:
-                if failure is not None and failure.status in RECYCLE_AFTER:
+                # Any case that crashed or hung counts, not only the status the verdict reports:
+                # a runtime error in a later case left an earlier candidate's exception to surface
+                # in the next candidate graded on the same worker.
+                faulted = {failure.status} if failure is not None else set()
+                faulted |= {case.status for case in ctx.verdict.cases}
+                if faulted & RECYCLE_AFTER:
                     ctx.worker.kill()  # a fault can leave JAX's runtime unusable (e.g. after OOM)
                 elif ctx.worker.alive:
                     try:

@@ -57,3 +57,19 @@ def test_batch_of_100_with_20_percent_faulty_candidates_completes():
     print(f"100 candidates (20 faulty) graded in {wall:.0f} s")
     assert len(verdicts) == 100
     assert [v.status for v in verdicts] == expected
+
+
+def test_a_runtime_error_in_any_case_replaces_the_worker():
+    """A crash in a later case (after an earlier case gave wrong_output) once left its exception to
+    surface in the next candidate graded on that worker; any faulted case must recycle it."""
+    from data_gen.mutations import mutants
+
+    task = get_task("attention_fwd_causal")
+    swapped = next(m for m in mutants(task) if m.operator == "index_map_swap")
+    with Evaluator(backend="tpu-interpret", workers=1) as ev:
+        verdict = ev.grade(task, swapped.answer(), "train", seed=0)
+        assert verdict.status == "wrong_output"  # the status the verdict reports ...
+        assert "runtime_error" in {c.status for c in verdict.cases}  # ... hides a crash in a later case
+        worker = ev.pool._all[0]
+        assert not worker.alive
+        assert ev.grade(task, task.solution_source(), "train", seed=0).status == "correct"
