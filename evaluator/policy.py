@@ -163,14 +163,20 @@ CHECKS: tuple[Callable[[ast.AST, Context], list[Violation]], ...] = (
 
 # CPython 3.11's AST constructor keeps its recursion counter in shared state, so two threads
 # parsing at once can fail with "SystemError: AST constructor recursion depth mismatch"
-# (python/cpython#106905). The grader grades candidates on threads; parsing is cheap, so serialize it.
+# (python/cpython#106905). The grader and data_gen work on threads; parsing is cheap, so every
+# parse in this process goes through parse_module.
 _PARSE_LOCK = threading.Lock()
+
+
+def parse_module(source: str, filename: str = "<source>") -> ast.Module:
+    """ast.parse, safe to call from any thread of this process (see _PARSE_LOCK)."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
 
 
 def parse(source: str) -> ast.Module:
     try:
-        with _PARSE_LOCK:
-            return ast.parse(source, filename="candidate.py")
+        return parse_module(source, filename="candidate.py")
     except SyntaxError as exc:
         line = (exc.text or "").strip()
         raise PolicySyntaxError(f"line {exc.lineno}: {exc.msg}" + (f": {line}" if line else "")) from None

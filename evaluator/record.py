@@ -81,3 +81,11 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Verdict":
+        """Inverse of to_dict: a verdict read back from a journal or a report."""
+        data = dict(data)
+        data["cases"] = [CaseResult(**c) for c in data.get("cases", [])]
+        data["stage_timings"] = [StageTiming(**t) for t in data.get("stage_timings", [])]
+        return cls(**data)

@@ -1,0 +1,249 @@
+"""Build a verified Fixit repair dataset: `python -m data_gen.collect`.
+
+    python -m data_gen.collect                                  # mutation source, no model needed
+    python -m data_gen.collect --source model --base-url http://localhost:8000/v1 --model Qwen/...
+    python -m data_gen.collect --source replay --replay attempts.jsonl --teacher-base-url ... --teacher M
+
+Steps: 1) list work items (mutants, model prompts or replayed attempts) for the train tasks;
+2) skip the ones the journal already has; 3) grade each on the evaluator (train cases only) and
+repair it, journaling every result as it finishes; 4) build the dataset from the whole journal:
+dedupe, decontaminate, balance, split by task, write parquet + card + figure; 5) print a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from data_gen.chat_models import EndpointError, make_chat_model
+from data_gen.context import CONTEXTS
+from data_gen.dataset import ContaminationError, balance, dedupe, write_dataset
+from data_gen.journal import Journal, JournalMismatch
+from data_gen.mutations import OPERATOR_NAMES, operator
+from data_gen.sources import (
+    Grader,
+    ModelSource,
+    MutationSource,
+    PromptSettings,
+    ReplaySource,
+)
+from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
+from evaluator.record import Verdict
+from tasks import UnknownTaskError, all_tasks, get_task
+from tasks.spec import Task
+
+DEFAULT_MAX_PER_TASK = 12
+DEFAULT_BALANCE = 5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m data_gen.collect", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--source", choices=("mutation", "model", "replay"), default="mutation")
+    p.add_argument("--name", help="dataset name (default: fixit-<source>)")
+    p.add_argument("--out-dir", type=Path, default=Path("datasets"), help="datasets/<name>/ is written here")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="journals live in <runs-dir>/<name>/")
+    p.add_argument("--fresh", action="store_true", help="discard this run's journal and start over")
+    p.add_argument("--task", dest="tasks", action="append", help="only this task (repeatable); held-out "
+                   "tasks are refused")
+    p.add_argument("--context", choices=CONTEXTS, default="none", help="hardware context in the system prompt")
+    p.add_argument("--generation", choices=sorted(GENERATIONS), default=DEFAULT_GENERATION)
+    p.add_argument("--workers", type=int, default=2, help="evaluator worker processes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1, help="input seeds per case when grading (one failing "
+                   "seed confirms a failure; a repair must pass every case on each)")
+    p.add_argument("--balance", type=int, default=DEFAULT_BALANCE,
+                   help="cap on pairs per task x error class (0: no cap)")
+    p.add_argument("--validation-fraction", type=float, default=0.1,
+                   help="share of tasks held for the validation split (whole tasks)")
+    g = p.add_argument_group("mutation source")
+    g.add_argument("--operator", dest="operators", action="append", choices=OPERATOR_NAMES,
+                   help="only this bug operator (repeatable)")
+    g.add_argument("--max-per-task", type=int, default=DEFAULT_MAX_PER_TASK,
+                   help="mutants graded per task (0: all)")
+    g = p.add_argument_group("model and replay sources")
+    g.add_argument("--model", help="served model name (with --base-url) or a local HF model directory")
+    g.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
+    g.add_argument("--api-key", help="default: $OPENAI_API_KEY or EMPTY")
+    g.add_argument("--teacher", help="model that repairs and explains (default: the model itself)")
+    g.add_argument("--teacher-base-url", help="endpoint of the teacher (default: --base-url)")
+    g.add_argument("--samples", type=int, default=1, help="attempts per task")
+    g.add_argument("--max-turns", type=int, default=2, help="repair turns after a failure")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    g.add_argument("--temperature", type=float, default=0.7)
+    g.add_argument("--max-tokens", type=int, default=4096)
+    g.add_argument("--replay", type=Path, help="JSONL of attempts: task, attempt[, repair, explanation, model]")
+    args = p.parse_args(argv)
+    args.name = args.name or f"fixit-{args.source}"
+    if args.source == "model" and not args.model:
+        p.error("--source model needs --model")
+    if args.source == "replay" and not args.replay:
+        p.error("--source replay needs --replay FILE")
+    return args
+
+
+def train_tasks(names: list[str] | None) -> list[Task]:
+    """The tasks that may feed training data: every task that is not held out."""
+    if not names:
+        return [t for t in all_tasks() if not t.heldout_task]
+    tasks = [get_task(n) for n in names]
+    for task in tasks:
+        if task.heldout_task:
+            raise ValueError(f"task {task.name!r} is held out: it never goes into training data")
+    return tasks
+
+
+def settings_of(args: argparse.Namespace, tasks: list[Task]) -> dict[str, Any]:
+    """The arguments that decide a run's content: a resume must use the same ones."""
+    keys = ["source", "context", "generation", "seed", "seeds"]
+    keys += {"mutation": ["operators", "max_per_task"], "model": ["model", "teacher", "samples", "max_turns",
+                                                                  "temperature"],
+             "replay": ["replay", "teacher"]}[args.source]
+    settings = {k: (str(v) if isinstance(v := getattr(args, k), Path) else v) for k in keys}
+    settings["tasks"] = [t.name for t in tasks]
+    return settings
+
+
+def make_source(args: argparse.Namespace, tasks: list[Task]):
+    if args.source == "mutation":
+        source = MutationSource(tasks, args.max_per_task, args.seed)
+        if args.operators:
+            source.operators = tuple(operator(n) for n in args.operators)
+        return source
+    teacher = None
+    if args.teacher:
+        teacher = make_chat_model(args.teacher, base_url=args.teacher_base_url or args.base_url,
+                                  api_key=args.api_key)
+        _check(teacher)
+    if args.source == "replay":
+        return ReplaySource(args.replay, teacher, args.max_tokens, {t.name for t in tasks})
+    model = make_chat_model(args.model, base_url=args.base_url, api_key=args.api_key)
+    _check(model)
+    return ModelSource(tasks, model, teacher, args.samples, args.max_turns, args.temperature, args.max_tokens)
+
+
+def _check(model: Any) -> None:
+    if hasattr(model, "check_reachable"):
+        model.check_reachable()  # fail in seconds, before any work, if the endpoint is down
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from evaluator.grader import Evaluator
+
+    console = Console(stderr=True)
+    start = time.perf_counter()
+    tasks = train_tasks(args.tasks)
+    source = make_source(args, tasks)
+    run_dir = args.runs_dir / args.name
+    if args.fresh and (run_dir / "journal.jsonl").exists():
+        (run_dir / "journal.jsonl").unlink()
+    journal = Journal(run_dir / "journal.jsonl", settings_of(args, tasks))
+
+    # 1-2) work items, minus what the journal already holds
+    items = source.items()
+    todo = [i for i in items if i.id not in journal.done]
+    console.print(f"[bold]{args.name}[/]: {len(items)} {args.source} items over {len(tasks)} tasks; "
+                  f"{len(items) - len(todo)} already in {journal.path}, {len(todo)} to do")
+
+    # 3) grade and repair, journaling each result as soon as it is known
+    known = {e["key"]: Verdict.from_dict(e["verdict"]) for e in journal.entries if e.get("kind") == "repair"}
+    prompt = PromptSettings(args.context, args.generation)
+    threads = args.workers if args.source == "mutation" else max(args.workers, args.concurrency)
+    with Evaluator(workers=args.workers, n_seeds=args.seeds) as evaluator:
+        grader = Grader(evaluator, known, on_new_repair=lambda key, v: journal.append(
+            {"kind": "repair", "id": f"repair:{key}", "key": key, "verdict": v.to_dict()}))
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("pairs {task.fields[pairs]}, dropped {task.fields[dropped]}"))
+        with Progress(*columns, console=console, transient=False, disable=not todo) as progress:
+            bar = progress.add_task("grading", total=len(todo), pairs=0, dropped=0)
+            counts = Counter()
+            pool = ThreadPoolExecutor(max_workers=threads)
+            try:
+                futures = [pool.submit(source.process, item, grader, prompt) for item in todo]
+                for future in as_completed(futures):
+                    entry = future.result()
+                    journal.append(entry)
+                    counts["pairs" if entry["pair"] else "dropped"] += 1
+                    progress.update(bar, advance=1, pairs=counts["pairs"], dropped=counts["dropped"])
+            finally:  # on an error or Ctrl-C, stop at once: what finished is journaled
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    # 4) the dataset, from everything the journal holds (this run and the ones it resumes)
+    attempts = [e for e in journal.entries if e.get("kind") == "attempt" and e["id"] in {i.id for i in items}]
+    pairs = [e["pair"] for e in attempts if e["pair"]]
+    unique = dedupe(pairs)
+    rows = balance(unique, args.balance)
+    summary = write_dataset(rows, args.out_dir / args.name, args.name, args.validation_fraction,
+                            description=_description(args))
+    elapsed = time.perf_counter() - start
+    report = {"attempts": len(attempts), "verified_pairs": len(pairs), "unique": len(unique), "kept": len(rows),
+              "splits": summary.splits, "error_classes": dict(summary.by_error_class),
+              "tasks": len(summary.by_task), "dropped": dict(Counter(e["dropped"].split(":")[0]
+                                                                     for e in attempts if e["dropped"])),
+              "graded_this_run": len(todo), "seconds": elapsed, "path": str(summary.path)}
+    _print_summary(console, report, attempts, summary)
+    return report
+
+
+def _description(args: argparse.Namespace) -> str:
+    if args.source == "mutation":
+        how = ("Failing kernels are the task solutions with one realistic bug injected by an AST bug operator; "
+               "the repair is the verified solution, and the explanation quotes the evaluator's feedback and "
+               "the changed code.")
+    elif args.source == "model":
+        how = (f"Failing kernels were written by `{args.model}`; repairs and explanations by "
+               f"`{args.teacher or args.model}` from the evaluator's feedback (up to {args.max_turns} turns).")
+    else:
+        how = f"Failing kernels were replayed from `{args.replay}`."
+    return f"{how} System prompt context: `{args.context}` (target {args.generation})."
+
+
+def _print_summary(console: Any, report: dict[str, Any], attempts: list[dict], summary: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"Fixit pairs by error class ({summary.path})")
+    table.add_column("error class")
+    table.add_column("failing attempts", justify="right")
+    table.add_column("pairs kept", justify="right")
+    failing = Counter(e["status"] for e in attempts if e["status"] and e["status"] != "correct")
+    for status, n in failing.most_common():
+        table.add_row(status, str(n), str(summary.by_error_class.get(status, 0)))
+    table.add_row("[bold]total", str(sum(failing.values())), f"[bold]{report['kept']}")
+    console.print(table)
+    dropped = ", ".join(f"{k}: {v}" for k, v in report["dropped"].items()) or "none"
+    console.print(f"{report['attempts']} attempts -> {report['verified_pairs']} verified pairs -> "
+                  f"{report['unique']} unique -> {report['kept']} kept after balancing "
+                  f"({report['splits']}); {report['tasks']} tasks, {len(summary.by_error_class)} error classes. "
+                  f"Dropped: {dropped}. {report['seconds']:.0f} s.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except (UnknownTaskError, EndpointError, JournalMismatch, ContaminationError, FileNotFoundError,
+            ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished work is in the journal; run the same command again to resume",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""From verified pairs to a Hugging Face dataset: dedupe, decontaminate, balance, split, write, card.
+
+The folder it writes (`datasets/<name>/`) loads with `datasets.load_dataset("datasets/<name>")`:
+parquet files under data/, a README.md dataset card whose YAML header names the splits, and a
+figure of the error-class distribution.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from data_gen.pairs import normalized
+from data_gen.prompts import describe_case
+from tasks import get_task
+from tasks.spec import Task
+
+
+class ContaminationError(ValueError):
+    """A row would leak held-out material into training data."""
+
+
+def heldout_markers(task: Task) -> list[str]:
+    """Text that only a held-out case of `task` would put in a prompt (its shape lines)."""
+    train = {describe_case(task, c) for c in task.select("train")}
+    return [line for c in task.select("heldout") if (line := describe_case(task, c)) not in train]
+
+
+def check_clean(row: dict) -> None:
+    """Raise if a row touches a held-out task or case: the dataset must never contain one."""
+    task = get_task(row["task"])
+    if task.heldout_task:
+        raise ContaminationError(f"row {row['id']}: task {task.name} is held out")
+    if row["case_split"] != "train":
+        raise ContaminationError(f"row {row['id']}: graded on split {row['case_split']!r}, not train")
+    text = "\n".join(m["content"] for m in row["messages"])
+    for marker in heldout_markers(task):
+        if marker in text:
+            raise ContaminationError(f"row {row['id']}: shows held-out case {marker.strip()}")
+    for name in _heldout_task_names():
+        if f"`{name}`" in text:
+            raise ContaminationError(f"row {row['id']}: names held-out task {name}")
+
+
+def _heldout_task_names() -> list[str]:
+    from tasks import all_tasks
+
+    return [t.name for t in all_tasks() if t.heldout_task]
+
+
+def dedupe(rows: Iterable[dict]) -> list[dict]:
+    """Keep the first row of each (task, failing kernel, repair) up to comments and layout."""
+    seen, out = set(), []
+    for row in rows:
+        key = (row["task"], normalized(row["failing_code"]), normalized(row["repair_code"]), row["context"])
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
+def balance(rows: list[dict], cap: int) -> list[dict]:
+    """At most `cap` rows per (task, error class), chosen round-robin over origins (bug operators
+    or models) so a capped cell keeps its variety. cap <= 0 keeps everything."""
+    if cap <= 0:
+        return rows
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for row in rows:
+        cells[(row["task"], row["error_class"])].append(row)
+    kept = []
+    for cell in cells.values():
+        by_origin: dict[str, list[dict]] = defaultdict(list)
+        for row in cell:
+            by_origin[row["origin"]].append(row)
+        queues = list(by_origin.values())
+        chosen: list[dict] = []
+        while len(chosen) < cap and any(queues):
+            for queue in queues:
+                if queue and len(chosen) < cap:
+                    chosen.append(queue.pop(0))
+        kept.extend(chosen)
+    order = {id(r): i for i, r in enumerate(rows)}
+    return sorted(kept, key=lambda r: order[id(r)])
+
+
+def validation_tasks(tasks: list[str], fraction: float) -> set[str]:
+    """A fixed, seed-free choice of whole tasks for validation (they are unseen in train)."""
+    if fraction <= 0 or len(tasks) < 2:
+        return set()
+    count = min(len(tasks) - 1, max(1, round(fraction * len(tasks))))
+    ranked = sorted(tasks, key=lambda t: hashlib.sha256(t.encode()).hexdigest())
+    return set(ranked[:count])
+
+
+@dataclass
+class DatasetSummary:
+    path: Path
+    splits: dict[str, int]
+    by_task: Counter
+    by_error_class: Counter
+    by_source: Counter
+    by_origin: Counter
+
+
+def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fraction: float,
+                  description: str) -> DatasetSummary:
+    """Write parquet splits, the card and the figure; return the counts the card states."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    for row in rows:
+        check_clean(row)
+    val = validation_tasks(sorted({r["task"] for r in rows}), validation_fraction)
+    splits = {"train": [r for r in rows if r["task"] not in val],
+              "validation": [r for r in rows if r["task"] in val]}
+    data_dir = out_dir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for old in data_dir.glob("*.parquet"):
+        old.unlink()
+    for split, split_rows in splits.items():
+        if split_rows:
+            datasets.Dataset.from_list(split_rows).to_parquet(data_dir / f"{split}-00000-of-00001.parquet")
+    summary = DatasetSummary(
+        out_dir, {s: len(r) for s, r in splits.items()}, Counter(r["task"] for r in rows),
+        Counter(r["error_class"] for r in rows), Counter(r["source"] for r in rows),
+        Counter(r["origin"] for r in rows))
+    _plot_error_classes(summary, out_dir / "error_classes.png")
+    (out_dir / "README.md").write_text(dataset_card(summary, name, description, sorted(val)))
+    return summary
+
+
+def _plot_error_classes(summary: DatasetSummary, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    classes = summary.by_error_class.most_common()
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(classes) + 1.2))
+    ax.barh([c for c, _ in classes][::-1], [n for _, n in classes][::-1], color="#4c72b0")
+    ax.set_xlabel("pairs")
+    ax.set_title("Fixit pairs by error class of the failing kernel")
+    for i, (_, n) in enumerate(classes[::-1]):
+        ax.text(n, i, f" {n}", va="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _table(counter: Counter, header: str) -> str:
+    lines = [f"| {header} | pairs |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return "\n".join(lines)
+
+
+def dataset_card(summary: DatasetSummary, name: str, description: str, val_tasks: list[str]) -> str:
+    configs = "\n".join(f"  - split: {s}\n    path: data/{s}-*.parquet" for s, n in summary.splits.items() if n)
+    total = sum(summary.splits.values())
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+{configs}
+license: apache-2.0
+task_categories:
+- text-generation
+tags:
+- code
+- jax
+- pallas
+- tpu
+- kernels
+---
+
+# {name}: Fixit repair pairs for Pallas TPU kernels
+
+{description}
+
+Each row is a five-message conversation (`messages`): system prompt, task prompt, a failing
+kernel, the evaluator's feedback on it, and the repair (an explanation, then the corrected kernel).
+Train only on the last message. The evaluator confirmed every pair: the failing kernel fails, and
+the repaired kernel passes every train case under `tpu-interpret` and lowers for TPU.
+
+- {total} pairs: {', '.join(f'{n} {s}' for s, n in summary.splits.items())}.
+- Validation holds whole tasks that train does not have: {', '.join(val_tasks) or 'none'}.
+- Decontaminated: no held-out task and no held-out case appears in any row (checked on write).
+- Deduplicated on normalized source; capped per task x error class.
+
+Columns: `id`, `attempt_id`, `task`, `task_version`, `level`, `case_split`, `error_class` (the failing
+kernel's verdict status), `failing_stage`, `source` (mutation / model / replay), `origin` (bug operator
+or model), `context` (hardware context in the system prompt), `messages`, `failing_verdict` and
+`repair_verdict` (evaluator verdicts as JSON), `failing_code`, `repair_code`.
+
+```python
+import datasets
+ds = datasets.load_dataset("datasets/{name}")
+```
+
+## Error classes
+
+![error classes](error_classes.png)
+
+{_table(summary.by_error_class, "error class")}
+
+## Sources
+
+{_table(summary.by_source, "source")}
+
+## Origins (bug operators or models)
+
+{_table(summary.by_origin, "origin")}
+
+## Tasks
+
+{_table(summary.by_task, "task")}
+
+Made by `python -m data_gen.collect` (see docs/data-generation.md).
+"""

@@ -1,0 +1,109 @@
+"""The Fixit pair: five messages and the columns around them (the design's dataset row).
+
+system (role + optional hardware context), user (task prompt), assistant (the failing attempt),
+user (the evaluator's feedback for it), assistant (explanation, then the repaired kernel). Only
+the last message is trained on.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from data_gen import prompts
+from data_gen.mutations import Mutant, operator
+from evaluator.policy import parse_module
+from evaluator.record import Verdict
+from tasks.spec import Task
+
+# Verdict fields kept in the dataset: enough to audit a row, without per-seed noise.
+_VERDICT_FIELDS = ("task", "task_version", "status", "stage", "message", "backend", "split",
+                   "error_type", "candidate_sha256", "versions")
+
+
+@dataclass
+class FixitPair:
+    id: str
+    attempt_id: str
+    task: str
+    task_version: int
+    level: int
+    case_split: str          # always "train": held-out cases never reach a dataset
+    error_class: str         # the failing kernel's verdict status
+    failing_stage: str
+    source: str              # mutation | model | replay
+    origin: str              # bug operator, or model name
+    context: str             # none | spec | guide: what the system prompt carried
+    messages: list[dict[str, str]]
+    failing_verdict: str     # JSON of the evaluator's verdict on the failing kernel
+    repair_verdict: str      # JSON of its verdict on the repaired kernel
+    failing_code: str
+    repair_code: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def verdict_json(verdict: Verdict) -> str:
+    summary = {k: getattr(verdict, k) for k in _VERDICT_FIELDS}
+    summary["cases"] = [{"name": c.name, "status": c.status, "rel_l2_err": c.rel_l2_err} for c in verdict.cases]
+    return json.dumps(summary, sort_keys=True)
+
+
+def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context: str, generation: str,
+               failing_answer: str, failing_code: str, failing: Verdict, explanation: str,
+               repair_code: str, repaired: Verdict) -> FixitPair:
+    """Assemble the row. The caller has confirmed `failing` failed and `repaired` is correct."""
+    if failing.ok or not repaired.ok:
+        raise ValueError("a pair needs a failing kernel and a correct repair")
+    messages = [
+        {"role": "system", "content": prompts.system_prompt(context, generation)},
+        {"role": "user", "content": prompts.task_prompt(task)},
+        {"role": "assistant", "content": failing_answer},
+        {"role": "user", "content": prompts.feedback(failing)},
+        {"role": "assistant", "content": f"{explanation.strip()}\n\n{prompts.code_block(repair_code)}"},
+    ]
+    pair_id = hashlib.sha256(f"{task.name}\0{normalized(failing_code)}\0{normalized(repair_code)}\0{context}"
+                             .encode()).hexdigest()[:16]
+    return FixitPair(
+        id=pair_id, attempt_id=attempt_id, task=task.name, task_version=task.version, level=task.level,
+        case_split=failing.split, error_class=failing.status, failing_stage=failing.stage, source=source,
+        origin=origin, context=context, messages=messages, failing_verdict=verdict_json(failing),
+        repair_verdict=verdict_json(repaired), failing_code=failing_code, repair_code=repair_code)
+
+
+def normalized(source: str) -> str:
+    """Source with comments and layout normalized away, so cosmetic variants deduplicate."""
+    try:
+        return ast.dump(parse_module(source))
+    except (SyntaxError, ValueError):
+        return " ".join(re.sub(r"#[^\n]*", "", source).split())
+
+
+# --- explanations for injected bugs ----------------------------------------------------------------
+
+def observed(verdict: Verdict, limit: int = 420) -> str:
+    """What the evaluator saw, in its own words (the first sentences of its message)."""
+    message = verdict.message.split(": ", 1)[1] if verdict.message.startswith(verdict.status) else verdict.message
+    message = message.split("\n(at candidate.py")[0].strip()
+    if len(message) > limit:
+        cut = message[:limit]
+        message = cut[:cut.rfind(" ")] + " ..."
+    return f"The evaluator stopped at the `{verdict.stage}` stage with `{verdict.status}`: {message}"
+
+
+def explain_mutation(mutant: Mutant, verdict: Verdict) -> str:
+    """Explanation for an injected bug: the evaluator's evidence, the cause in this kernel, the fix.
+
+    Quotes the operator's facts about this very site (function, line, code) and the verdict's own
+    message, so each explanation is specific to its pair.
+    """
+    op = operator(mutant.operator)
+    facts = mutant.facts
+    parts = [observed(verdict), "Cause: " + op.what.format(**facts), "Fix: " + op.why_fix.format(**facts)]
+    line = facts.get("source_line", "")
+    if line and len(line) <= 160:
+        parts.append(f"The corrected line {facts['line']} reads `{line}`.")
+    return "\n\n".join(parts)

@@ -1,0 +1,161 @@
+"""The text a model reads: system prompt, task prompt, evaluator feedback, and the answer format.
+
+Only `train` cases ever reach a prompt; held-out cases and held-out tasks are for measuring
+generalization and must stay unseen (tests/test_decontamination.py checks it).
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from dataclasses import dataclass
+from functools import cache
+
+from data_gen.context import render_context
+from evaluator.hardware import DEFAULT_GENERATION
+from evaluator.policy import parse_module
+from evaluator.record import Verdict
+from tasks import get_task
+from tasks.spec import Case, Task
+
+ROLE = ("You are an expert in JAX Pallas kernels for TPU. You write kernels that compile for TPU, "
+        "are numerically correct on every shape you are given, and keep the task's work inside "
+        "Pallas kernels.")
+
+RULES = """Rules:
+- Answer with one complete Python module in a single ```python block that defines `kernel` with the
+  signature above; it may define helpers and use `jax`, `jax.numpy`, `jax.experimental.pallas` (as pl)
+  and `jax.experimental.pallas.tpu` (as pltpu), `functools`, `math`, `numpy`.
+- The task's arithmetic must run inside `pl.pallas_call` kernels; glue (reshapes, padding, casts) may
+  stay outside. No matmul outside a kernel, no host callbacks.
+- Do not pass `interpret=` to pallas_call: the grader decides how kernels run.
+- No file, network, process or thread access."""
+
+
+def system_prompt(context: str = "none", generation: str = DEFAULT_GENERATION) -> str:
+    """Role, plus the hardware context the `--context` ablation asks for."""
+    extra = render_context(context, generation)
+    return ROLE if not extra else f"{ROLE}\n\n{extra}"
+
+
+def reference_source(task: Task) -> str:
+    """The reference as a self-contained module: its imports and every top-level helper it uses.
+
+    Read from the task's own file, so the prompt shows exactly what the evaluator compares with.
+    """
+    return _reference_source(task.name)
+
+
+@cache
+def _reference_source(name: str) -> str:
+    task = get_task(name)
+    imports: list[str] = []  # external import statements, deduplicated
+    defs: list[str] = []      # helper sources, each after the helpers it uses
+
+    def resolve(module_name: str, name: str) -> None:
+        index = _module_index(module_name)
+        if name in index.defs:
+            source = ast.get_source_segment(index.source, index.defs[name])
+            if source in defs:
+                return
+            for free in _free_names(index.defs[name]):
+                resolve(module_name, free)
+            defs.append(source)
+        elif name in index.imports:
+            node, origin = index.imports[name]
+            if origin.startswith("tasks."):  # another task's helper: inline its source too
+                resolve(origin, next(a.name for a in node.names if (a.asname or a.name) == name))
+            elif (text := ast.get_source_segment(index.source, node)) not in imports:
+                imports.append(text)
+
+    resolve(task.reference.__module__, task.reference.__name__)
+    return "\n".join(imports) + "\n\n\n" + "\n\n\n".join(defs) + "\n"
+
+
+@dataclass(frozen=True)
+class _ModuleIndex:
+    source: str
+    defs: dict[str, ast.stmt]  # top-level functions, classes and simple assignments
+    imports: dict[str, tuple[ast.stmt, str]]  # bound name -> (import statement, module it names)
+
+
+@cache
+def _module_index(module_name: str) -> _ModuleIndex:
+    source = inspect.getsource(importlib.import_module(module_name))
+    index = _ModuleIndex(source, {}, {})
+    for node in parse_module(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            index.defs[node.name] = node
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            index.defs[node.targets[0].id] = node
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                index.imports[alias.asname or alias.name.split(".")[0]] = (node, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                index.imports[alias.asname or alias.name] = (node, node.module or "")
+    return index
+
+
+def _free_names(node: ast.stmt) -> list[str]:
+    """Names a definition reads but does not bind itself (its parameters and locals excluded)."""
+    bound = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    bound |= {a.arg for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.Lambda))
+              for a in (*n.args.posonlyargs, *n.args.args, *n.args.kwonlyargs,
+                        *filter(None, (n.args.vararg, n.args.kwarg)))}
+    bound |= {n.name for n in ast.walk(node) if isinstance(n, ast.FunctionDef) and n is not node}
+    seen: list[str] = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in bound and n.id not in seen:
+            seen.append(n.id)
+    return seen
+
+
+def describe_case(task: Task, case: Case) -> str:
+    """One line per case: the argument and output shapes and dtypes it is graded on."""
+    args = ", ".join(f"{s.dtype}[{', '.join(map(str, s.shape))}]" for s in task.arg_specs(case))
+    outs = ", ".join(f"{s.dtype}[{', '.join(map(str, s.shape))}]" for s in task.out_specs(case))
+    return f"- ({args}) -> {outs}"
+
+
+def task_prompt(task: Task) -> str:
+    """What the model is asked: the reference, the signature, the train shapes and the rules."""
+    if task.heldout_task:
+        raise ValueError(f"task {task.name!r} is held out: it never goes into a prompt")
+    check = [describe_case(task, c) for c in task.select("train", "check")]
+    bench = [describe_case(task, c) for c in task.select("train", "bench")]
+    features = ""
+    if task.required_features:
+        features = ("\nThe kernel must use these TPU features: "
+                    + ", ".join(task.required_features) + ".\n")
+    return (
+        f"Write a Pallas TPU kernel for the task `{task.name}`: {task.description}\n\n"
+        f"Signature: `{task.signature}`\n\n"
+        f"Reference implementation (pure JAX; your `kernel` must match it):\n"
+        f"```python\n{reference_source(task)}```\n\n"
+        f"It is graded for correctness on these shapes:\n" + "\n".join(check) + "\n\n"
+        f"and compiled for TPU (and timed on hardware) at these larger ones:\n" + "\n".join(bench) + "\n"
+        f"{features}\n{RULES}\n"
+    )
+
+
+def feedback(verdict: Verdict) -> str:
+    """The evaluator's verdict as the model reads it, and what to do next."""
+    return (f"The evaluator rejected this kernel.\n\n{verdict.message}\n\n"
+            "Explain what is wrong, then give the complete corrected module in one ```python block.")
+
+
+def code_block(source: str) -> str:
+    return f"```python\n{source.rstrip()}\n```"
+
+
+def strip_code(answer: str) -> str:
+    """The prose of an answer without its fenced code blocks (a repair's explanation)."""
+    out, inside = [], False
+    for line in answer.splitlines():
+        if line.strip().startswith("```"):
+            inside = not inside
+            continue
+        if not inside:
+            out.append(line)
+    return "\n".join(out).strip()

@@ -1,0 +1,285 @@
+"""Where failing attempts come from: injected bugs, a model's own answers, or a replayed file.
+
+Every source turns one work item into one journal entry: the attempt, the evaluator's verdicts,
+and a Fixit pair when the evaluator confirmed both the failure and the repair (otherwise the
+reason it was dropped). Items have stable ids, which is what lets a killed run resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_gen import prompts
+from data_gen.chat_models import ChatModel
+from data_gen.mutations import OPERATORS, BugOperator, Mutant, mutants
+from data_gen.pairs import build_pair, explain_mutation
+from evaluator.extract import ExtractionError, extract_code
+from evaluator.grader import Evaluator
+from evaluator.record import Verdict
+from tasks import get_task
+from tasks.spec import Task
+
+SPLIT = "train"  # attempts are graded on train cases only: held-out cases never reach the data
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    context: str
+    generation: str
+
+
+def seed_for(key: str) -> int:
+    """A grading seed fixed by the item, so a rerun grades exactly as the first run did."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % (2 ** 31)
+
+
+class Grader:
+    """The evaluator on the train split, with the verdict of each distinct repair kept.
+
+    A task's solution repairs every mutant of that task; grading it once per run (and reading it
+    back from the journal on resume) is what makes the mutation source cheap.
+    """
+
+    def __init__(self, evaluator: Evaluator, known: dict[str, Verdict] | None = None,
+                 on_new_repair: Callable[[str, Verdict], None] | None = None):
+        self.evaluator = evaluator
+        self._repairs: dict[str, Verdict] = dict(known or {})
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._guard = threading.Lock()
+        self._on_new_repair = on_new_repair
+
+    def grade(self, task: Task, answer: str, key: str) -> Verdict:
+        return self.evaluator.grade(task, answer, SPLIT, seed=seed_for(key))
+
+    def grade_repair(self, task: Task, code: str) -> Verdict:
+        key = f"{task.name}:{hashlib.sha256(code.encode()).hexdigest()[:16]}"
+        with self._guard:
+            lock = self._locks[key]
+        with lock:  # one grading per repair even when many threads ask at once
+            if key not in self._repairs:
+                verdict = self.grade(task, prompts.code_block(code), key)
+                self._repairs[key] = verdict
+                if self._on_new_repair is not None:
+                    self._on_new_repair(key, verdict)
+            return self._repairs[key]
+
+
+def attempt_entry(item_id: str, task: Task, source: str, origin: str, failing: Verdict | None,
+                  pair: Any = None, dropped: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The journal line for one attempt."""
+    return {"kind": "attempt", "id": item_id, "task": task.name, "source": source, "origin": origin,
+            "status": failing.status if failing else None, "stage": failing.stage if failing else None,
+            "pair": pair.to_dict() if pair else None, "dropped": dropped, **extra}
+
+
+# --- mutation ----------------------------------------------------------------------------------
+
+@dataclass
+class MutationSource:
+    """Bugs injected into each task's verified solution; the repair is the solution itself."""
+
+    tasks: list[Task]
+    max_per_task: int
+    seed: int
+    operators: tuple[BugOperator, ...] = OPERATORS
+    name: str = "mutation"
+
+    def items(self) -> list[Mutant]:
+        """Up to max_per_task mutants per task, round-robin over operators so each task gets the
+        widest mix of bugs first (sites within an operator in a seeded random order)."""
+        chosen = []
+        for task in self.tasks:
+            rng = random.Random(f"{self.seed}:{task.name}")
+            by_op: dict[str, list[Mutant]] = defaultdict(list)
+            for mutant in mutants(task, self.operators):
+                by_op[mutant.operator].append(mutant)
+            queues = [rng.sample(q, len(q)) for q in by_op.values()]
+            rng.shuffle(queues)
+            picked: list[Mutant] = []
+            while any(queues) and (self.max_per_task <= 0 or len(picked) < self.max_per_task):
+                for queue in queues:
+                    if queue and (self.max_per_task <= 0 or len(picked) < self.max_per_task):
+                        picked.append(queue.pop(0))
+            chosen.extend(picked)
+        return chosen
+
+    def process(self, mutant: Mutant, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
+        task = get_task(mutant.task)
+        failing = grader.grade(task, mutant.answer(), mutant.id)
+        extra = {"line": mutant.line}
+        if failing.ok:
+            return attempt_entry(mutant.id, task, self.name, mutant.operator, failing,
+                                 dropped="survived: the evaluator found no fault", **extra)
+        solution = task.solution_source()
+        repaired = grader.grade_repair(task, solution)
+        if not repaired.ok:
+            return attempt_entry(mutant.id, task, self.name, mutant.operator, failing,
+                                 dropped=f"repair not confirmed: {repaired.status}", **extra)
+        pair = build_pair(task, attempt_id=mutant.id, source=self.name, origin=mutant.operator,
+                          context=prompt.context, generation=prompt.generation,
+                          failing_answer=mutant.answer(), failing_code=mutant.code, failing=failing,
+                          explanation=explain_mutation(mutant, failing), repair_code=solution,
+                          repaired=repaired)
+        return attempt_entry(mutant.id, task, self.name, mutant.operator, failing, pair, **extra)
+
+
+# --- model -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelItem:
+    id: str
+    task: str
+    sample: int
+
+
+def code_of(answer: str) -> str | None:
+    try:
+        return extract_code(answer)
+    except ExtractionError:
+        return None
+
+
+@dataclass
+class ModelSource:
+    """A model writes kernels for train prompts; each failure goes through a repair loop.
+
+    The evaluator's feedback goes back to the teacher (or the model itself) for up to max_turns
+    turns. The first repair the evaluator confirms makes a pair with the attempt it repaired,
+    and the teacher's prose is the explanation.
+    """
+
+    tasks: list[Task]
+    model: ChatModel
+    teacher: ChatModel | None
+    samples: int
+    max_turns: int
+    temperature: float
+    max_tokens: int
+    name: str = "model"
+
+    def items(self) -> list[ModelItem]:
+        return [ModelItem(f"{t.name}:{self.model.name}:{k}", t.name, k)
+                for t in self.tasks for k in range(self.samples)]
+
+    def process(self, item: ModelItem, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
+        task = get_task(item.task)
+        head = [{"role": "system", "content": prompts.system_prompt(prompt.context, prompt.generation)},
+                {"role": "user", "content": prompts.task_prompt(task)}]
+        fixer = self.teacher or self.model
+        answer = self.model.complete(head, temperature=self.temperature, max_tokens=self.max_tokens,
+                                     seed=seed_for(item.id))
+        first = verdict = grader.grade(task, answer, item.id)
+        turns = [_turn(self.model.name, answer, verdict)]
+        for turn in range(1, self.max_turns + 1):
+            if verdict.ok:
+                break
+            conversation = head + [{"role": "assistant", "content": answer},
+                                   {"role": "user", "content": prompts.feedback(verdict)}]
+            reply = fixer.complete(conversation, temperature=self.temperature, max_tokens=self.max_tokens,
+                                   seed=seed_for(f"{item.id}:{turn}"))
+            repaired = grader.grade(task, reply, f"{item.id}:{turn}")
+            turns.append(_turn(fixer.name, reply, repaired))
+            if repaired.ok:
+                pair, dropped = _pair_from_reply(task, item.id, self.name, fixer.name, prompt,
+                                                 answer, verdict, reply, repaired)
+                return attempt_entry(item.id, task, self.name, self.model.name, first, pair, dropped,
+                                     turns=turns)
+            answer, verdict = reply, repaired  # the fixer's failed repair is the next failing attempt
+        dropped = "correct on the first try" if first.ok else f"not repaired in {self.max_turns} turns"
+        return attempt_entry(item.id, task, self.name, self.model.name, first, dropped=dropped, turns=turns)
+
+
+def _turn(model: str, answer: str, verdict: Verdict) -> dict[str, Any]:
+    return {"model": model, "answer": answer, "status": verdict.status, "message": verdict.message}
+
+
+def _pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prompt: PromptSettings,
+                     failing_answer: str, failing: Verdict, reply: str, repaired: Verdict):
+    """A pair from a confirmed repair; the reply's prose (outside code) is the explanation."""
+    explanation = prompts.strip_code(reply)
+    if not explanation:
+        return None, "the repair came without an explanation"
+    pair = build_pair(task, attempt_id=attempt_id, source=source, origin=origin, context=prompt.context,
+                      generation=prompt.generation, failing_answer=failing_answer,
+                      failing_code=code_of(failing_answer) or failing_answer, failing=failing,
+                      explanation=explanation, repair_code=extract_code(reply), repaired=repaired)
+    return pair, None
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReplayItem:
+    id: str
+    task: str
+    attempt: str
+    repair: str | None = None
+    explanation: str | None = None
+    model: str = "replay"
+
+
+def read_replay(path: Path) -> list[ReplayItem]:
+    """Rows of {"task", "attempt", optional "repair", "explanation", "model"}; ids from content."""
+    if not path.is_file():
+        raise FileNotFoundError(f"replay file not found: {path}")
+    items = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            get_task(row["task"])
+            attempt = row["attempt"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{number}: not a replay row ({exc}); expected JSON with task and attempt")
+        digest = hashlib.sha256(f"{row['task']}\0{attempt}\0{row.get('repair')}".encode()).hexdigest()[:16]
+        items.append(ReplayItem(f"{row['task']}:replay:{digest}", row["task"], attempt, row.get("repair"),
+                                row.get("explanation"), row.get("model", "replay")))
+    return items
+
+
+@dataclass
+class ReplaySource:
+    """Previously generated attempts (from any tool), graded and repaired like the others."""
+
+    path: Path
+    teacher: ChatModel | None
+    max_tokens: int
+    allowed_tasks: set[str] = field(default_factory=set)
+    name: str = "replay"
+
+    def items(self) -> list[ReplayItem]:
+        return [i for i in read_replay(self.path) if not self.allowed_tasks or i.task in self.allowed_tasks]
+
+    def process(self, item: ReplayItem, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
+        task = get_task(item.task)
+        failing = grader.grade(task, item.attempt, item.id)
+        if failing.ok:
+            return attempt_entry(item.id, task, self.name, item.model, failing, dropped="attempt is correct")
+        reply = item.repair
+        if reply is not None and item.explanation:
+            code = code_of(reply) or reply
+            reply = f"{item.explanation}\n\n{prompts.code_block(code)}"
+        if reply is None:
+            if self.teacher is None:
+                return attempt_entry(item.id, task, self.name, item.model, failing,
+                                     dropped="no repair in the row and no --teacher")
+            head = [{"role": "system", "content": prompts.system_prompt(prompt.context, prompt.generation)},
+                    {"role": "user", "content": prompts.task_prompt(task)},
+                    {"role": "assistant", "content": item.attempt},
+                    {"role": "user", "content": prompts.feedback(failing)}]
+            reply = self.teacher.complete(head, max_tokens=self.max_tokens, seed=seed_for(item.id))
+        repaired = grader.grade(task, reply, f"{item.id}:repair")
+        if not repaired.ok:
+            return attempt_entry(item.id, task, self.name, item.model, failing,
+                                 dropped=f"repair not confirmed: {repaired.status}")
+        pair, dropped = _pair_from_reply(task, item.id, self.name, item.model, prompt, item.attempt,
+                                         failing, reply, repaired)
+        return attempt_entry(item.id, task, self.name, item.model, failing, pair, dropped)

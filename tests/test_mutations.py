@@ -1,0 +1,94 @@
+"""Bug operators: they apply across the suite, touch only their site, and the evaluator sees the bug."""
+import ast
+import difflib
+
+import pytest
+
+from data_gen.mutations import OPERATORS, mutants, operator
+from data_gen.pairs import explain_mutation
+from tasks import all_tasks, get_task
+
+TRAIN_TASKS = [t for t in all_tasks() if not t.heldout_task]
+WHOLE_FILE = {"plain_jax", "copy_kernel_shortcut"}
+
+
+@pytest.fixture(scope="module")
+def suite_mutants():
+    return {t.name: mutants(t) for t in TRAIN_TASKS}
+
+
+def test_at_least_fifteen_operators_and_each_applies_somewhere(suite_mutants):
+    assert len(OPERATORS) >= 15
+    used = {m.operator for ms in suite_mutants.values() for m in ms}
+    assert used == {op.name for op in OPERATORS}
+
+
+def test_every_train_task_gets_mutants_of_many_kinds(suite_mutants):
+    for name, ms in suite_mutants.items():
+        assert len({m.operator for m in ms}) >= 8, name
+
+
+def test_mutants_parse_and_change_only_their_site(suite_mutants):
+    for name, ms in suite_mutants.items():
+        original = get_task(name).solution_source().splitlines()
+        for m in ms:
+            if m.operator == "truncated_answer":
+                with pytest.raises(SyntaxError):
+                    ast.parse(m.code)
+                continue
+            ast.parse(m.source)
+            assert m.source != "\n".join(original)
+            if m.operator in WHOLE_FILE:
+                continue
+            changed = [line for line in difflib.unified_diff(original, m.source.splitlines(), n=0, lineterm="")
+                       if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
+            # a rewrite of one node: a statement's lines at most, never the rest of the file
+            assert 0 < len(changed) <= 2 * 12, (m.id, changed)
+
+
+def test_unknown_operator_names_the_known_ones():
+    with pytest.raises(KeyError, match="misaligned_block"):
+        operator("no_such_bug")
+
+
+def _mutant(task: str, op: str, predicate=lambda m: True):
+    return next(m for m in mutants(get_task(task)) if m.operator == op and predicate(m))
+
+
+# (task, operator, the status the evaluator must give): one per error class the pipeline targets
+EXPECTED = [
+    ("matmul", "misaligned_block", "lowering_error"),
+    ("matmul", "drop_accumulator_init", "wrong_output"),
+    ("matmul", "interpret_flag", "policy_violation"),
+    ("matmul", "hallucinated_import", "import_error"),
+    ("matmul", "plain_jax", "no_kernel"),
+    ("matmul", "copy_kernel_shortcut", "work_outside_kernel"),
+    ("matmul", "wrong_out_dtype", "wrong_shape"),
+    ("batched_matmul", "no_parallel_axis", "missing_feature"),
+    ("softmax", "python_if_on_traced", "lowering_error"),
+]
+
+
+@pytest.mark.parametrize("task,op,status", EXPECTED)
+def test_the_evaluator_confirms_the_bug(evaluator, task, op, status):
+    m = _mutant(task, op)
+    verdict = evaluator.grade(task, m.answer(), "train", seed=0)
+    assert verdict.status == status, verdict.message
+
+
+def test_truncated_answers_fail_at_extraction_or_parsing(evaluator):
+    statuses = {evaluator.grade("matmul", m.answer(), "train", seed=0).status
+                for m in mutants(get_task("matmul")) if m.operator == "truncated_answer"}
+    assert statuses == {"extraction_error", "syntax_error"}
+
+
+def test_explanations_quote_this_kernel_and_this_verdict(evaluator):
+    a = _mutant("matmul", "drop_accumulator_init")
+    b = _mutant("softmax", "python_if_on_traced")
+    va = evaluator.grade("matmul", a.answer(), "train", seed=0)
+    vb = evaluator.grade("softmax", b.answer(), "train", seed=0)
+    ea, eb = explain_mutation(a, va), explain_mutation(b, vb)
+    assert "wrong_output" in ea and "matmul_kernel" in ea and "acc_ref" in ea and f"line {a.line}" in ea
+    assert "lowering_error" in eb and "softmax_kernel" in eb
+    assert "TracerBool" in eb or "bool" in eb.lower()
+    assert ea.split("\n\n")[1:] != eb.split("\n\n")[1:]
