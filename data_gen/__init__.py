@@ -1,2 +1,7 @@
-"""Fixit data generation (`python -m data_gen.collect`): not built yet, see the open issue
-"Fixit data generation". This package exists so the layout of docs/architecture.md holds."""
+"""Fixit data generation: failing Pallas kernels turned into verified repair pairs.
+
+`python -m data_gen.collect` (collect.py) runs a source (sources.py: injected bugs from
+mutations.py, a model's answers through chat_models.py, or a replayed file) through the evaluator,
+journals every result (journal.py), builds pairs (pairs.py, prompts.py, context.py) and writes
+the dataset (dataset.py). See docs/data-generation.md.
+"""

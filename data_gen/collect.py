@@ -36,7 +36,7 @@ from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
 from tasks.spec import Task
 
-DEFAULT_MAX_PER_TASK = 12
+DEFAULT_MAX_PER_TASK = 11
 DEFAULT_BALANCE = 5
 
 
@@ -162,8 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     known = {e["key"]: Verdict.from_dict(e["verdict"]) for e in journal.entries if e.get("kind") == "repair"}
     prompt = PromptSettings(args.context, args.generation)
     threads = args.workers if args.source == "mutation" else max(args.workers, args.concurrency)
-    with Evaluator(workers=args.workers, n_seeds=args.seeds) as evaluator:
-        grader = Grader(evaluator, known, on_new_repair=lambda key, v: journal.append(
+    with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True) as evaluator:
+        grader = Grader(evaluator, args.seed, known, on_new_repair=lambda key, v: journal.append(
             {"kind": "repair", "id": f"repair:{key}", "key": key, "verdict": v.to_dict()}))
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("pairs {task.fields[pairs]}, dropped {task.fields[dropped]}"))

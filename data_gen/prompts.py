@@ -118,12 +118,18 @@ def describe_case(task: Task, case: Case) -> str:
     return f"- ({args}) -> {outs}"
 
 
-def task_prompt(task: Task) -> str:
-    """What the model is asked: the reference, the signature, the train shapes and the rules."""
-    if task.heldout_task:
-        raise ValueError(f"task {task.name!r} is held out: it never goes into a prompt")
-    check = [describe_case(task, c) for c in task.select("train", "check")]
-    bench = [describe_case(task, c) for c in task.select("train", "bench")]
+def task_prompt(task: Task, split: str = "train", *, evaluation: bool = False) -> str:
+    """What the model is asked: the reference, the signature, the shapes of one split and the rules.
+
+    Training data only ever shows train cases of non-held-out tasks. Only the re-benchmark
+    (`evaluation=True`) may show held-out shapes or tasks: that is how generalization is measured.
+    """
+    if not evaluation and task.heldout_task:
+        raise ValueError(f"task {task.name!r} is held out: it never goes into a training prompt")
+    if not evaluation and split != "train":
+        raise ValueError(f"split {split!r}: training prompts show train cases only")
+    check = [describe_case(task, c) for c in task.select(split, "check")]
+    bench = [describe_case(task, c) for c in task.select(split, "bench")]
     features = ""
     if task.required_features:
         features = ("\nThe kernel must use these TPU features: "
@@ -134,7 +140,7 @@ def task_prompt(task: Task) -> str:
         f"Reference implementation (pure JAX; your `kernel` must match it):\n"
         f"```python\n{reference_source(task)}```\n\n"
         f"It is graded for correctness on these shapes:\n" + "\n".join(check) + "\n\n"
-        f"and compiled for TPU (and timed on hardware) at these larger ones:\n" + "\n".join(bench) + "\n"
+        "and compiled for TPU (and timed on hardware) at these larger ones:\n" + "\n".join(bench) + "\n"
         f"{features}\n{RULES}\n"
     )
 

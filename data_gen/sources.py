@@ -36,7 +36,7 @@ class PromptSettings:
 
 
 def seed_for(key: str) -> int:
-    """A grading seed fixed by the item, so a rerun grades exactly as the first run did."""
+    """A seed fixed by a key, so a rerun samples and grades exactly as the first run did."""
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % (2 ** 31)
 
 
@@ -44,19 +44,21 @@ class Grader:
     """The evaluator on the train split, with the verdict of each distinct repair kept.
 
     A task's solution repairs every mutant of that task; grading it once per run (and reading it
-    back from the journal on resume) is what makes the mutation source cheap.
+    back from the journal on resume) is what makes the mutation source cheap. Every attempt at a
+    task is graded on the same seeded inputs, so the host computes each reference output once.
     """
 
-    def __init__(self, evaluator: Evaluator, known: dict[str, Verdict] | None = None,
+    def __init__(self, evaluator: Evaluator, run_seed: int, known: dict[str, Verdict] | None = None,
                  on_new_repair: Callable[[str, Verdict], None] | None = None):
         self.evaluator = evaluator
+        self.run_seed = run_seed
         self._repairs: dict[str, Verdict] = dict(known or {})
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._guard = threading.Lock()
         self._on_new_repair = on_new_repair
 
-    def grade(self, task: Task, answer: str, key: str) -> Verdict:
-        return self.evaluator.grade(task, answer, SPLIT, seed=seed_for(key))
+    def grade(self, task: Task, answer: str) -> Verdict:
+        return self.evaluator.grade(task, answer, SPLIT, seed=seed_for(f"{self.run_seed}:{task.name}"))
 
     def grade_repair(self, task: Task, code: str) -> Verdict:
         key = f"{task.name}:{hashlib.sha256(code.encode()).hexdigest()[:16]}"
@@ -64,7 +66,7 @@ class Grader:
             lock = self._locks[key]
         with lock:  # one grading per repair even when many threads ask at once
             if key not in self._repairs:
-                verdict = self.grade(task, prompts.code_block(code), key)
+                verdict = self.grade(task, prompts.code_block(code))
                 self._repairs[key] = verdict
                 if self._on_new_repair is not None:
                     self._on_new_repair(key, verdict)
@@ -76,6 +78,7 @@ def attempt_entry(item_id: str, task: Task, source: str, origin: str, failing: V
     """The journal line for one attempt."""
     return {"kind": "attempt", "id": item_id, "task": task.name, "source": source, "origin": origin,
             "status": failing.status if failing else None, "stage": failing.stage if failing else None,
+            "seconds": round(failing.wall_s, 3) if failing else None,
             "pair": pair.to_dict() if pair else None, "dropped": dropped, **extra}
 
 
@@ -112,7 +115,7 @@ class MutationSource:
 
     def process(self, mutant: Mutant, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(mutant.task)
-        failing = grader.grade(task, mutant.answer(), mutant.id)
+        failing = grader.grade(task, mutant.answer())
         extra = {"line": mutant.line}
         if failing.ok:
             return attempt_entry(mutant.id, task, self.name, mutant.operator, failing,
@@ -175,7 +178,7 @@ class ModelSource:
         fixer = self.teacher or self.model
         answer = self.model.complete(head, temperature=self.temperature, max_tokens=self.max_tokens,
                                      seed=seed_for(item.id))
-        first = verdict = grader.grade(task, answer, item.id)
+        first = verdict = grader.grade(task, answer)
         turns = [_turn(self.model.name, answer, verdict)]
         for turn in range(1, self.max_turns + 1):
             if verdict.ok:
@@ -184,7 +187,7 @@ class ModelSource:
                                    {"role": "user", "content": prompts.feedback(verdict)}]
             reply = fixer.complete(conversation, temperature=self.temperature, max_tokens=self.max_tokens,
                                    seed=seed_for(f"{item.id}:{turn}"))
-            repaired = grader.grade(task, reply, f"{item.id}:{turn}")
+            repaired = grader.grade(task, reply)
             turns.append(_turn(fixer.name, reply, repaired))
             if repaired.ok:
                 pair, dropped = _pair_from_reply(task, item.id, self.name, fixer.name, prompt,
@@ -260,7 +263,7 @@ class ReplaySource:
 
     def process(self, item: ReplayItem, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(item.task)
-        failing = grader.grade(task, item.attempt, item.id)
+        failing = grader.grade(task, item.attempt)
         if failing.ok:
             return attempt_entry(item.id, task, self.name, item.model, failing, dropped="attempt is correct")
         reply = item.repair
@@ -276,7 +279,7 @@ class ReplaySource:
                     {"role": "assistant", "content": item.attempt},
                     {"role": "user", "content": prompts.feedback(failing)}]
             reply = self.teacher.complete(head, max_tokens=self.max_tokens, seed=seed_for(item.id))
-        repaired = grader.grade(task, reply, f"{item.id}:repair")
+        repaired = grader.grade(task, reply)
         if not repaired.ok:
             return attempt_entry(item.id, task, self.name, item.model, failing,
                                  dropped=f"repair not confirmed: {repaired.status}")

@@ -39,12 +39,14 @@ class Evaluator:
 
     def __init__(self, backend: str | None = None, workers: int = 1, limits: Limits = Limits(),
                  generation: str = DEFAULT_GENERATION, n_seeds: int = 2,
-                 pool: WorkerPool | None = None):
+                 pool: WorkerPool | None = None, stop_at_first_failure: bool = False):
         self.backend = get_backend(backend or default_backend())
         if generation not in GENERATIONS:
             raise ValueError(f"unknown TPU generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
         self.generation = GENERATIONS[generation]
         self.n_seeds = n_seeds
+        # Confirming that a kernel fails needs one failing case; data_gen sets this to save time.
+        self.stop_at_first_failure = stop_at_first_failure
         # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
         self.pool = pool or WorkerPool(self.backend, size=workers, limits=limits)
         self.references = ReferenceCache()
@@ -61,7 +63,8 @@ class Evaluator:
         ctx = GradingContext(task=task, answer=answer, split=split, backend=self.backend,
                              generation=self.generation,
                              base_seed=secrets.randbits(31) if seed is None else seed,
-                             n_seeds=self.n_seeds, references=self.references, verdict=verdict)
+                             n_seeds=self.n_seeds, references=self.references, verdict=verdict,
+                             stop_at_first_failure=self.stop_at_first_failure)
         verdict.details["base_seed"] = ctx.base_seed
         verdict.details["tpu_generation"] = self.generation.name
         failure = self._run_stages(ctx)

@@ -6,6 +6,7 @@ the reference or the expected outputs.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -27,15 +28,39 @@ def case_seeds(base_seed: int, case_index: int, n_seeds: int) -> list[int]:
 
 
 class ReferenceCache:
-    """Caches jitted references and their FLOP counts; thread-safe."""
+    """Caches jitted references, FLOP counts and the last few (inputs, outputs) per seed;
+    thread-safe. Graders that reuse a seed for one task (data_gen grades every mutant of a task
+    on the same inputs) then compute each reference output once."""
+
+    RECENT = 64  # (task, case, seed) entries kept: check-size arrays, a few MB each at most
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jitted: dict[str, Any] = {}
         self._flops: dict[tuple[str, str], float] = {}
+        self._recent: OrderedDict[tuple, tuple[tuple[np.ndarray, ...], list[np.ndarray]]] = OrderedDict()
 
     def inputs(self, task: Task, case: Case, seed: int) -> tuple[np.ndarray, ...]:
-        return task.make_inputs(case, np.random.default_rng(seed))
+        return self._entry(task, case, seed)[0]
+
+    def outputs_for(self, task: Task, case: Case, seed: int) -> list[np.ndarray]:
+        return self._entry(task, case, seed)[1]
+
+    def _entry(self, task: Task, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray]]:
+        key = (task.name, task.version, case.name, seed)
+        with self._lock:
+            if key in self._recent:
+                self._recent.move_to_end(key)
+                return self._recent[key]
+        inputs = task.make_inputs(case, np.random.default_rng(seed))
+        for a in inputs:
+            a.flags.writeable = False  # shared between gradings: nobody may change them
+        entry = (inputs, self.outputs(task, inputs))
+        with self._lock:
+            self._recent[key] = entry
+            while len(self._recent) > self.RECENT:
+                self._recent.popitem(last=False)
+        return entry
 
     def outputs(self, task: Task, inputs: tuple[np.ndarray, ...]) -> list[np.ndarray]:
         """Reference outputs computed in float32 on float32-upcast inputs, as a flat list."""

@@ -50,6 +50,7 @@ class GradingContext:
     references: ReferenceCache
     verdict: Verdict
     worker: Worker | None = None
+    stop_at_first_failure: bool = False  # run stage: skip the remaining cases once one fails
     source: str = ""
     summaries: dict[str, TraceSummary] = field(default_factory=dict)
 
@@ -246,6 +247,8 @@ def run_stage(ctx: GradingContext) -> Failure | None:
         failures.append((result, failure))
         if failure.status in ("timeout", "runtime_error"):
             break  # the worker may be gone; more cases would only repeat the fault
+        if ctx.stop_at_first_failure:
+            break
     if not failures:
         return None
     first_result, first = failures[0]
@@ -266,7 +269,7 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
     expected = list(task.out_specs(case))
     offset, run_s = 0, 0.0
     worst = None  # (comparison, seed, output index, out, ref): the failing one, else the largest error
-    for seed, inputs, seed_result in zip(result.seeds, inputs_per_seed, reply["results"]):
+    for seed, seed_result in zip(result.seeds, reply["results"]):
         if not seed_result["ok"]:
             result.error = f"{seed_result['error_type']}: {seed_result['error'].rstrip('.')}"
             return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
@@ -279,7 +282,7 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
             result.error = shape_problem
             return Failure("wrong_shape", f"wrong output structure on case {case.describe()}: "
                                           f"{shape_problem}.")
-        for i, (out, ref) in enumerate(zip(got, ctx.references.outputs(task, inputs))):
+        for i, (out, ref) in enumerate(zip(got, ctx.references.outputs_for(task, case, seed))):
             cmp = compare(out, ref, task.tolerances[case.dtype])
             if worst is None or not cmp.ok or cmp.rel_l2_err > worst[0].rel_l2_err:
                 worst = (cmp, seed, i, out, ref)

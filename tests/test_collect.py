@@ -8,9 +8,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import datasets
 import pytest
 
+import datasets
 from data_gen.collect import main
 from data_gen.dataset import check_clean
 

@@ -3,9 +3,9 @@ import json
 import time
 from pathlib import Path
 
-import datasets
 import pytest
 
+import datasets
 from data_gen.collect import main
 from data_gen.dataset import heldout_markers
 from data_gen.mutations import mutants

@@ -65,7 +65,7 @@ EXPECTED = [
     ("matmul", "copy_kernel_shortcut", "work_outside_kernel"),
     ("matmul", "wrong_out_dtype", "wrong_shape"),
     ("batched_matmul", "no_parallel_axis", "missing_feature"),
-    ("softmax", "python_if_on_traced", "lowering_error"),
+    ("argmax_rows", "python_if_on_traced", "lowering_error"),
 ]
 
 
@@ -84,11 +84,11 @@ def test_truncated_answers_fail_at_extraction_or_parsing(evaluator):
 
 def test_explanations_quote_this_kernel_and_this_verdict(evaluator):
     a = _mutant("matmul", "drop_accumulator_init")
-    b = _mutant("softmax", "python_if_on_traced")
+    b = _mutant("argmax_rows", "python_if_on_traced")
     va = evaluator.grade("matmul", a.answer(), "train", seed=0)
-    vb = evaluator.grade("softmax", b.answer(), "train", seed=0)
+    vb = evaluator.grade("argmax_rows", b.answer(), "train", seed=0)
     ea, eb = explain_mutation(a, va), explain_mutation(b, vb)
     assert "wrong_output" in ea and "matmul_kernel" in ea and "acc_ref" in ea and f"line {a.line}" in ea
-    assert "lowering_error" in eb and "softmax_kernel" in eb
+    assert "lowering_error" in eb and "argmax_kernel" in eb
     assert "TracerBool" in eb or "bool" in eb.lower()
     assert ea.split("\n\n")[1:] != eb.split("\n\n")[1:]

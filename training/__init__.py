@@ -1,2 +1,3 @@
-"""Fine-tuning (`python -m training.sft`) and re-benchmarking: not built yet, see the open issue
-"Fine-tuning and re-benchmarking". This package exists so the layout of docs/architecture.md holds."""
+"""Fine-tuning on Fixit data and re-benchmarking: sft.py (TRL + PEFT), tiny_model.py (offline
+smoke model), rebench.py (pass@k of models side by side), generalization.py (kernels re-graded on
+held-out shapes), metrics.py. See docs/training.md."""

@@ -1,0 +1,150 @@
+"""Re-benchmark and generalization end to end, against a local server with canned answers."""
+import json
+from itertools import count
+from threading import Lock
+
+import pytest
+
+from tasks import get_task
+from tests.fake_openai_server import FakeOpenAIServer
+from training.generalization import main as generalization_main
+from training.metrics import fast_p, pass_at_k
+from training.rebench import ModelSpec, main
+
+SOLUTION = {t: get_task(t).solution_source() for t in ("matmul", "softmax")}
+ZEROS = """
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _zeros(x_ref, o_ref):
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+def kernel(x, *rest):
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    out = pl.pallas_call(_zeros, grid=(pl.cdiv(x2.shape[0], 8),),
+                         in_specs=[pl.BlockSpec((8, d), lambda i: (i, 0))],
+                         out_specs=pl.BlockSpec((8, d), lambda i: (i, 0)),
+                         out_shape=jax.ShapeDtypeStruct(x2.shape, x.dtype))(x2)
+    return out.reshape(x.shape)
+"""
+# correct on the train shapes (rows a multiple of 128), wrong on ragged held-out ones
+TRAIN_ONLY_SOFTMAX = """
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _softmax(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    o_ref[...] = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(o_ref.dtype)
+
+def kernel(x):
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    rows = x2.shape[0]
+    out = pl.pallas_call(_softmax, grid=(rows // 128,),
+                         in_specs=[pl.BlockSpec((128, d), lambda i: (i, 0))],
+                         out_specs=pl.BlockSpec((128, d), lambda i: (i, 0)),
+                         out_shape=jax.ShapeDtypeStruct(x2.shape, x.dtype))(x2)
+    return out.reshape(x.shape)
+"""
+
+
+def fenced(code: str) -> str:
+    return f"Here it is.\n```python\n{code}\n```"
+
+
+def make_respond():
+    """'good' answers matmul right every time and softmax right every other time; 'bad' never."""
+    counters, lock = {}, Lock()
+
+    def respond(messages, model):
+        task = messages[1]["content"].split("`")[1]
+        with lock:
+            i = next(counters.setdefault((model, task), count()))
+        if model == "bad":
+            return "I think this works." if i % 2 else fenced(ZEROS)
+        if task == "matmul":
+            return fenced(SOLUTION["matmul"])
+        return fenced(SOLUTION["softmax"] if i % 2 == 0 else ZEROS)
+    return respond
+
+
+def test_pass_at_k_matches_the_unbiased_estimator():
+    assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)   # 1 - C(2,2)/C(4,2)
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(10, 3, 3) == pytest.approx(1 - (7 * 6 * 5) / (10 * 9 * 8))
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_fast_p_is_none_without_timings():
+    assert fast_p(["correct", "wrong_output"], [None, None], 1.0) is None
+    assert fast_p(["correct", "correct", "wrong_output"], [1.5, 0.8, 3.0], 1.0) == pytest.approx(1 / 3)
+
+
+def test_model_specs_parse():
+    assert ModelSpec.parse("tuned=qwen@http://h:8000/v1") == ModelSpec("tuned", "qwen", "http://h:8000/v1")
+    assert ModelSpec.parse("t=runs/m+runs/adapter") == ModelSpec("t", "runs/m", adapter="runs/adapter")
+    with pytest.raises(ValueError):
+        ModelSpec.parse("no-label")
+
+
+def test_rebench_two_models_side_by_side(tmp_path):
+    with FakeOpenAIServer(make_respond(), models=("good", "bad")) as server:
+        code = main(["--model", f"tuned=good@{server.base_url}", "--model", f"base=bad@{server.base_url}",
+                     "--task", "matmul", "--task", "softmax", "--samples", "4", "--k", "1", "2",
+                     "--workers", "2", "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "report.json").read_text())["report"]
+    tuned, base = report["tuned"], report["base"]
+    assert tuned["tasks"]["matmul"]["pass@1"] == 1.0
+    assert tuned["tasks"]["softmax"]["correct"] == 2
+    assert tuned["tasks"]["softmax"]["pass@1"] == pytest.approx(0.5)
+    assert tuned["tasks"]["softmax"]["pass@2"] == pytest.approx(5 / 6)
+    assert tuned["overall"]["all"]["pass@2"] == pytest.approx((1 + 5 / 6) / 2)
+    assert tuned["tasks"]["softmax"]["fast_1"] is None  # no hardware, no timing
+    assert base["overall"]["all"]["pass@1"] == 0.0
+    # zeros: wrong values for softmax, the wrong shape for matmul; half the answers have no code
+    assert base["overall"]["all"]["statuses"] == {"extraction_error": 0.5, "wrong_output": 0.25,
+                                                  "wrong_shape": 0.25}
+    table = (tmp_path / "report.md").read_text()
+    assert "| softmax | 50.0% | 83.3% | 0.0% | 0.0% |" in table
+    assert (tmp_path / "pass_at_k.png").stat().st_size > 1000
+
+    # kernel level: the tuned model's train-correct kernels, re-graded on held-out shapes
+    out = tmp_path / "generalization.json"
+    assert generalization_main(["--samples", str(tmp_path / "samples.jsonl"), "--out", str(out)]) == 0
+    regraded = json.loads(out.read_text())["tuned"]
+    assert regraded["matmul"] == {**regraded["matmul"], "kernels": 4, "still_pass": 1.0}
+    assert regraded["softmax"]["kernels"] == 2 and regraded["softmax"]["still_pass"] == 1.0
+
+
+def test_kernel_that_only_fits_train_shapes_fails_held_out(tmp_path):
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"model": "m", "task": "softmax", "split": "train", "status": "correct",
+                                   "answer": fenced(TRAIN_ONLY_SOFTMAX)}) + "\n")
+    out = tmp_path / "g.json"
+    assert generalization_main(["--samples", str(samples), "--out", str(out), "--workers", "1"]) == 0
+    row = json.loads(out.read_text())["m"]["softmax"]
+    assert row["still_pass"] == 0.0 and row["failures"]
+
+
+def test_heldout_split_prompts_show_heldout_shapes_and_include_heldout_tasks(tmp_path):
+    seen = []
+
+    def respond(messages, model):
+        seen.append(messages[1]["content"])
+        return fenced(ZEROS)
+
+    with FakeOpenAIServer(respond, models=("m",)) as server:
+        assert main(["--model", f"m=m@{server.base_url}", "--split", "heldout", "--task", "softmax",
+                     "--task", "geglu", "--samples", "1", "--workers", "1", "--out", str(tmp_path)]) == 0
+    from data_gen.prompts import describe_case
+    softmax = get_task("softmax")
+    prompt = next(p for p in seen if "`softmax`" in p)
+    assert all(describe_case(softmax, c) in prompt for c in softmax.select("heldout"))
+    groups = {t: r["group"] for t, r in json.loads((tmp_path / "report.json").read_text())
+              ["report"]["m"]["tasks"].items()}
+    assert groups == {"softmax": "train tasks", "geglu": "held-out tasks"}

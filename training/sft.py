@@ -1,0 +1,183 @@
+"""Fine-tune a causal LM on a Fixit dataset with TRL's SFTTrainer and PEFT LoRA.
+
+    python -m training.sft --config fixit.yaml                     # the real recipe (GPUs)
+    python -m training.sft --config configs/fixit-tiny.yaml        # offline smoke run on a CPU
+    python -m training.sft --config fixit.yaml --learning_rate 5e-5 --num_train_epochs 2
+    accelerate launch --num_processes 8 -m training.sft --config fixit.yaml
+
+Configuration is TRL's own: `TrlParser` over our script arguments, `SFTConfig` and `ModelConfig`.
+The YAML gives defaults and the command line overrides them; an unknown key is an error. Each
+Fixit row becomes a prompt (system, task, failing kernel, feedback) and a completion (the
+explanation and the fix), so the loss covers only the last assistant message, end-of-turn
+token included, and the model learns to stop.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class FixitScriptArguments:
+    dataset_path: str = field(default="datasets/fixit-mutation", metadata={
+        "help": "Fixit dataset folder written by `python -m data_gen.collect` (parquet + card)"})
+    dataset_train_split: str = field(default="train", metadata={"help": "split to train on"})
+    dataset_test_split: str = field(default="validation", metadata={
+        "help": "split to evaluate on (its tasks are unseen in train); used when eval_strategy is not 'no'"})
+    build_tiny_model: bool = field(default=False, metadata={
+        "help": "if model_name_or_path does not exist, build a tiny random model and an offline-trained "
+                "tokenizer there (smoke runs only)"})
+    merge_adapter: bool = field(default=False, metadata={
+        "help": "also save the base model with the LoRA adapter merged in, under <output_dir>/merged"})
+
+
+class ModelNotAvailable(RuntimeError):
+    """The model is neither a local directory nor cached nor reachable: fail before any work."""
+
+
+def require_model(name: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, with one line, if `name` cannot be loaded (the hub's own retries take a minute)."""
+    if Path(name).is_dir():
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelNotAvailable(f"model directory {name} does not exist")
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelNotAvailable(f"model {name!r} is not a local directory and not in the Hugging Face cache, "
+                                "and HF_HUB_OFFLINE is set: download it first or pass a local directory")
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().model_info(name, timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - any failure means: cannot load it from here
+        reason = " ".join(str(exc).split())[:200]
+        raise ModelNotAvailable(f"model {name!r} is not local and the Hugging Face Hub cannot serve it "
+                                f"({type(exc).__name__}: {reason})") from None
+
+
+def to_prompt_completion(row: dict[str, Any]) -> dict[str, Any]:
+    """The first four messages are the prompt; the repair (explanation + kernel) is the completion."""
+    messages = row["messages"]
+    if len(messages) != 5 or messages[-1]["role"] != "assistant":
+        raise ValueError(f"row {row.get('id')}: expected the five Fixit messages ending with the repair")
+    return {"prompt": messages[:-1], "completion": messages[-1:]}
+
+
+def load_fixit(path: str, splits: list[str]):
+    """The dataset's splits as prompt/completion datasets (missing splits are None)."""
+    import datasets
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"dataset folder {path} not found: build it with `python -m data_gen.collect`")
+    ds = datasets.load_dataset(path)
+    out = []
+    for split in splits:
+        if split not in ds:
+            out.append(None)
+            continue
+        out.append(ds[split].map(to_prompt_completion, remove_columns=ds[split].column_names))
+    return out
+
+
+def make_parser():
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    return TrlParser((FixitScriptArguments, SFTConfig, ModelConfig), prog="python -m training.sft")
+
+
+def build_trainer(script_args: FixitScriptArguments, training_args: Any, model_args: Any):
+    """The SFTTrainer for these arguments (model checked and, for smoke runs, built first)."""
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer, get_peft_config
+
+    from training.tiny_model import build_tiny_model, dataset_texts
+
+    name = model_args.model_name_or_path
+    if not name:
+        raise ModelNotAvailable("no model: set model_name_or_path in the config or on the command line")
+    if script_args.build_tiny_model and not Path(name).exists():
+        build_tiny_model(Path(name), dataset_texts(script_args.dataset_path))
+    require_model(name)
+    train, evaluation = load_fixit(script_args.dataset_path,
+                                   [script_args.dataset_train_split, script_args.dataset_test_split])
+    if train is None:
+        raise FileNotFoundError(f"{script_args.dataset_path} has no split {script_args.dataset_train_split!r}")
+    training_args.model_init_kwargs = {**(training_args.model_init_kwargs or {}),
+                                       "dtype": model_args.dtype, "revision": model_args.model_revision,
+                                       "attn_implementation": model_args.attn_implementation}
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision)
+    return SFTTrainer(model=name, args=training_args, train_dataset=train,
+                      eval_dataset=evaluation if training_args.eval_strategy != "no" else None,
+                      processing_class=tokenizer, peft_config=get_peft_config(model_args))
+
+
+def write_summary(trainer: Any, output_dir: Path) -> dict[str, Any]:
+    """training_summary.json and loss_curve.png from the trainer's log history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = trainer.state.log_history
+    train = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    evals = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+    summary = {"steps": trainer.state.global_step, "train_loss": train, "eval_loss": evals,
+               "final": next((h for h in reversed(history) if "train_runtime" in h), {})}
+    (output_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if train:
+        ax.plot(*zip(*train), label="train loss")
+    if evals:
+        ax.plot(*zip(*evals), marker="o", label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (last assistant message)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(output_dir / "loss_curve.png", dpi=110)
+    plt.close(fig)
+    return summary
+
+
+def train(script_args: FixitScriptArguments, training_args: Any, model_args: Any) -> dict[str, Any]:
+    trainer = build_trainer(script_args, training_args, model_args)
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    output_dir = Path(training_args.output_dir)
+    trainer.save_model(str(output_dir))  # the LoRA adapter when PEFT is on, else the full model
+    summary = write_summary(trainer, output_dir) if trainer.is_world_process_zero() else {}
+    if script_args.merge_adapter and trainer.is_world_process_zero():
+        merged = trainer.model.merge_and_unload() if hasattr(trainer.model, "merge_and_unload") else trainer.model
+        merged.save_pretrained(output_dir / "merged")
+        trainer.processing_class.save_pretrained(output_dir / "merged")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    import yaml
+
+    try:  # a bad config (unknown key, invalid value, missing file) is the user's to fix: one line
+        script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+    except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
+        return _fail(exc)
+    try:
+        summary = train(script_args, training_args, model_args)
+    except (ModelNotAvailable, FileNotFoundError) as exc:
+        return _fail(exc)
+    final = summary.get("train_loss", [])[-1:] or [("-", "-")]
+    print(f"saved to {training_args.output_dir} (steps {summary.get('steps')}, last train loss {final[0][1]})")
+    return 0
+
+
+def _fail(exc: BaseException) -> int:
+    print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
