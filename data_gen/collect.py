@@ -182,7 +182,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pool.shutdown(wait=False, cancel_futures=True)
 
     # 4) the dataset, from everything the journal holds (this run and the ones it resumes)
-    attempts = [e for e in journal.entries if e.get("kind") == "attempt" and e["id"] in {i.id for i in items}]
+    item_ids = {i.id for i in items}
+    attempts = [e for e in journal.entries if e.get("kind") == "attempt" and e["id"] in item_ids]
     pairs = [e["pair"] for e in attempts if e["pair"]]
     unique = dedupe(pairs)
     rows = balance(unique, args.balance)

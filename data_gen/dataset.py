@@ -11,11 +11,15 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from data_gen.pairs import normalized
 from data_gen.prompts import describe_case
 from tasks import get_task
 from tasks.spec import Task
+
+
+T = TypeVar("T")
 
 
 class ContaminationError(ValueError):
@@ -74,15 +78,20 @@ def balance(rows: list[dict], cap: int) -> list[dict]:
         by_origin: dict[str, list[dict]] = defaultdict(list)
         for row in cell:
             by_origin[row["origin"]].append(row)
-        queues = list(by_origin.values())
-        chosen: list[dict] = []
-        while len(chosen) < cap and any(queues):
-            for queue in queues:
-                if queue and len(chosen) < cap:
-                    chosen.append(queue.pop(0))
-        kept.extend(chosen)
+        kept.extend(round_robin(list(by_origin.values()), cap))
     order = {id(r): i for i, r in enumerate(rows)}
     return sorted(kept, key=lambda r: order[id(r)])
+
+
+def round_robin(queues: list[list[T]], limit: int) -> list[T]:
+    """One item from each queue in turn until `limit` items are taken (limit <= 0: all of them)."""
+    queues = [list(q) for q in queues]
+    taken: list[T] = []
+    while any(queues) and (limit <= 0 or len(taken) < limit):
+        for queue in queues:
+            if queue and (limit <= 0 or len(taken) < limit):
+                taken.append(queue.pop(0))
+    return taken
 
 
 def validation_tasks(tasks: list[str], fraction: float) -> set[str]:

@@ -184,6 +184,10 @@ class BugOperator:
     find: Callable[[SourceModule], list[Site]]
     what: str
     why_fix: str
+    # Order in which a task's budget is spent: 0 for bugs only a few kernels can have (manual DMA,
+    # required features), 2 for bugs the train shapes rarely expose (most such mutants still pass
+    # and only cost grading time), 1 for the rest.
+    priority: int = 1
 
 
 # --- site finders, one per operator --------------------------------------------------------------
@@ -537,7 +541,7 @@ OPERATORS: tuple[BugOperator, ...] = (
         "multiple of the block, the last partial block gets no grid step and its outputs are never "
         "written.",
         "`{before}` rounds up, so the grid covers the ragged tail. Pallas masks the out-of-range part "
-        "of the last block on write-back."),
+        "of the last block on write-back.", priority=2),
     BugOperator(
         "drop_mask", "masking of ragged edges or hidden positions removed", find_drop_mask,
         "At line {line} (`{function}`) the mask `jnp.where({cond}, {kept}, {fill})` was dropped and "
@@ -587,21 +591,21 @@ OPERATORS: tuple[BugOperator, ...] = (
         "At line {line} (`{function}`) the comparison `{before}` became `{after}` ({op} -> {new_op}). "
         "The boundary element is now on the wrong side: the diagonal of a causal mask, or the last "
         "valid position of a ragged edge.",
-        "`{before}` includes exactly the positions the reference includes."),
+        "`{before}` includes exactly the positions the reference includes.", priority=2),
     BugOperator(
         "dma_never_waited", "a DMA started but never waited", find_dma_never_waited,
         "At line {line} (`{function}`) the `{before}` was removed, so the copy `{copy}` is started but "
         "never waited on. The kernel reads the destination buffer while the DMA may still be "
         "writing it, and the semaphore is left signalled at the kernel's end.",
         "Waiting on the copy before its destination is read makes the data arrive first, and every "
-        "started DMA gets exactly one wait."),
+        "started DMA gets exactly one wait.", priority=0),
     BugOperator(
         "double_buffer_race", "prefetch into the buffer slot being read (race)", find_double_buffer_race,
         "At line {line} (`{function}`) the next chunk is prefetched into slot `{slot}`, the slot the "
         "current step is reading (`{after}` instead of `{before}`). The DMA overwrites data while it "
         "is in use.",
         "`{before}` sends the prefetch to the other buffer. The current one stays intact until its "
-        "step is done."),
+        "step is done.", priority=0),
     BugOperator(
         "no_parallel_axis", "every grid axis marked arbitrary (no megacore parallelism)",
         find_no_parallel_axis,
@@ -609,7 +613,7 @@ OPERATORS: tuple[BugOperator, ...] = (
         "grid cannot be split across TensorCores on megacore chips, and the task requires a parallel "
         "grid.",
         "`{before}` marks the independent output axes parallel. Only the reduction axis, whose steps "
-        "depend on each other, stays arbitrary."),
+        "depend on each other, stays arbitrary.", priority=0),
     BugOperator(
         "wrong_pallas_kwarg", "a wrong keyword argument to a Pallas API", find_wrong_pallas_kwarg,
         "At line {line} (`{function}`) `{api}` is called with `{wrong}=`, which it does not accept. The "

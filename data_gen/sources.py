@@ -18,6 +18,7 @@ from typing import Any
 
 from data_gen import prompts
 from data_gen.chat_models import ChatModel
+from data_gen.dataset import round_robin
 from data_gen.mutations import OPERATORS, BugOperator, Mutant, mutants
 from data_gen.pairs import build_pair, explain_mutation
 from evaluator.extract import ExtractionError, extract_code
@@ -96,21 +97,19 @@ class MutationSource:
 
     def items(self) -> list[Mutant]:
         """Up to max_per_task mutants per task, round-robin over operators so each task gets the
-        widest mix of bugs first (sites within an operator in a seeded random order)."""
+        widest mix of bugs first: operators in a seeded order within their priority, sites within
+        an operator in a seeded order."""
+        priority = {op.name: op.priority for op in self.operators}
         chosen = []
         for task in self.tasks:
             rng = random.Random(f"{self.seed}:{task.name}")
             by_op: dict[str, list[Mutant]] = defaultdict(list)
             for mutant in mutants(task, self.operators):
                 by_op[mutant.operator].append(mutant)
-            queues = [rng.sample(q, len(q)) for q in by_op.values()]
-            rng.shuffle(queues)
-            picked: list[Mutant] = []
-            while any(queues) and (self.max_per_task <= 0 or len(picked) < self.max_per_task):
-                for queue in queues:
-                    if queue and (self.max_per_task <= 0 or len(picked) < self.max_per_task):
-                        picked.append(queue.pop(0))
-            chosen.extend(picked)
+            names = sorted(by_op)
+            rng.shuffle(names)
+            names.sort(key=priority.__getitem__)  # stable: shuffled within each priority
+            chosen.extend(round_robin([rng.sample(by_op[n], len(by_op[n])) for n in names], self.max_per_task))
         return chosen
 
     def process(self, mutant: Mutant, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:

@@ -92,3 +92,25 @@ def test_explanations_quote_this_kernel_and_this_verdict(evaluator):
     assert "lowering_error" in eb and "argmax_kernel" in eb
     assert "TracerBool" in eb or "bool" in eb.lower()
     assert ea.split("\n\n")[1:] != eb.split("\n\n")[1:]
+
+
+def test_budget_goes_to_rare_bugs_first_and_rarely_exposed_ones_last():
+    from data_gen.sources import MutationSource
+
+    chosen = {m.operator for m in MutationSource([get_task("batched_matmul")], 3, seed=0).items()}
+    assert "no_parallel_axis" in chosen  # the only bug giving missing_feature on this task
+    for task in ("matmul", "attention_fwd_causal"):
+        applicable = {m.operator for m in mutants(get_task(task))}
+        budget = len([op for op in OPERATORS if op.name in applicable and op.priority < 2])
+        chosen = {m.operator for m in MutationSource([get_task(task)], budget, seed=0).items()}
+        assert chosen == {op.name for op in OPERATORS if op.name in applicable and op.priority < 2}
+
+
+def test_stop_at_first_failure_confirms_a_failure_with_one_case():
+    from evaluator.grader import Evaluator
+
+    bug = _mutant("matmul", "drop_accumulator_init")
+    with Evaluator(workers=1, n_seeds=1, stop_at_first_failure=True) as quick:
+        verdict = quick.grade("matmul", bug.answer(), "train", seed=0)
+    assert verdict.status == "wrong_output" and len(verdict.cases) == 1
+    assert len(get_task("matmul").select("train", "check")) > 1
