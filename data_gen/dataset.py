@@ -165,13 +165,12 @@ def _table(counter: Counter, header: str) -> str:
 
 
 def dataset_card(summary: DatasetSummary, name: str, description: str, val_tasks: list[str]) -> str:
-    configs = "\n".join(f"  - split: {s}\n    path: data/{s}-*.parquet" for s, n in summary.splits.items() if n)
+    # No `configs:` block: with one, `datasets` keys its cache on the file patterns, so a rewritten
+    # folder (a rerun, or another dataset of the same name) loads stale rows. Without it, the
+    # splits come from the file names (data/train-*, data/validation-*) and the cache key from
+    # the files themselves.
     total = sum(summary.splits.values())
     return f"""---
-configs:
-- config_name: default
-  data_files:
-{configs}
 license: apache-2.0
 task_categories:
 - text-generation
