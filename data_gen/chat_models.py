@@ -243,12 +243,16 @@ class LocalHFChatModel:
         return tok.decode(new_tokens, skip_special_tokens=True)
 
 
-def make_chat_model(spec: str, *, base_url: str | None, api_key: str | None = None) -> ChatModel:
-    """The CLI's `--model`/`--base-url` to a backend: a served model name, or a local directory."""
+def make_chat_model(spec: str, *, base_url: str | None, api_key: str | None = None,
+                    adapter: str | None = None) -> ChatModel:
+    """The CLI's `--model`/`--base-url` to a backend: a served model name (probed at once, so a
+    dead endpoint fails in seconds, before any work), or a local directory (plus a PEFT adapter)."""
     if base_url:
-        return OpenAIChatModel(base_url, spec, api_key=api_key)
+        model = OpenAIChatModel(base_url, spec, api_key=api_key)
+        model.check_reachable()
+        return model
     if Path(spec).is_dir():
-        return LocalHFChatModel(spec)
+        return LocalHFChatModel(spec, adapter=adapter)
     raise EndpointError(
         f"model {spec!r} is neither a local directory nor served: "
         "pass --base-url for an OpenAI-compatible endpoint"

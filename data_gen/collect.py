@@ -118,17 +118,10 @@ def make_source(args: argparse.Namespace, tasks: list[Task]):
     if args.teacher:
         teacher = make_chat_model(args.teacher, base_url=args.teacher_base_url or args.base_url,
                                   api_key=args.api_key)
-        _check(teacher)
     if args.source == "replay":
         return ReplaySource(args.replay, teacher, args.max_tokens, {t.name for t in tasks})
     model = make_chat_model(args.model, base_url=args.base_url, api_key=args.api_key)
-    _check(model)
     return ModelSource(tasks, model, teacher, args.samples, args.max_turns, args.temperature, args.max_tokens)
-
-
-def _check(model: Any) -> None:
-    if hasattr(model, "check_reachable"):
-        model.check_reachable()  # fail in seconds, before any work, if the endpoint is down
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from data_gen.prompts import describe_case
 from tasks import get_task
 from tasks.spec import Task
 
-
 T = TypeVar("T")
 
 

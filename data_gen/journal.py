@@ -35,6 +35,7 @@ class Journal:
                     "arguments to resume, --name for a new run, or --fresh to start this one over")
         else:
             self._write({"kind": "run", "settings": settings}, truncate=True)
+        self._end_partial_line()
         self.entries = [e for e in entries if e.get("kind") != "run"]
         self.done = {e["id"] for e in self.entries if "id" in e}
 
@@ -55,13 +56,17 @@ class Journal:
             if "id" in entry:
                 self.done.add(entry["id"])
 
+    def _end_partial_line(self) -> None:
+        """A killed run may have left half a line: end it, so the next entry starts on its own."""
+        with self.path.open("rb+") as f:
+            if f.seek(0, os.SEEK_END) == 0:
+                return
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
     def _write(self, entry: dict[str, Any], truncate: bool = False) -> None:
         line = json.dumps(entry, sort_keys=True) + "\n"
-        if not truncate and self.path.exists() and self.path.stat().st_size:
-            with self.path.open("rb") as f:  # a killed run may have left half a line: end it
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    line = "\n" + line
         with self.path.open("w" if truncate else "a") as f:
             f.write(line)
             f.flush()

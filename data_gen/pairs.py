@@ -58,13 +58,8 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
     """Assemble the row. The caller has confirmed `failing` failed and `repaired` is correct."""
     if failing.ok or not repaired.ok:
         raise ValueError("a pair needs a failing kernel and a correct repair")
-    messages = [
-        {"role": "system", "content": prompts.system_prompt(context, generation)},
-        {"role": "user", "content": prompts.task_prompt(task)},
-        {"role": "assistant", "content": failing_answer},
-        {"role": "user", "content": prompts.feedback(failing)},
-        {"role": "assistant", "content": f"{explanation.strip()}\n\n{prompts.code_block(repair_code)}"},
-    ]
+    messages = prompts.repair_messages(prompts.task_messages(task, context, generation), failing_answer, failing)
+    messages.append({"role": "assistant", "content": f"{explanation.strip()}\n\n{prompts.code_block(repair_code)}"})
     pair_id = hashlib.sha256(f"{task.name}\0{normalized(failing_code)}\0{normalized(repair_code)}\0{context}"
                              .encode()).hexdigest()[:16]
     return FixitPair(

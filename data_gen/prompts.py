@@ -145,6 +145,19 @@ def task_prompt(task: Task, split: str = "train", *, evaluation: bool = False) -
     )
 
 
+def task_messages(task: Task, context: str, generation: str = DEFAULT_GENERATION, split: str = "train", *,
+                  evaluation: bool = False) -> list[dict[str, str]]:
+    """The conversation's head: system prompt and task prompt."""
+    return [{"role": "system", "content": system_prompt(context, generation)},
+            {"role": "user", "content": task_prompt(task, split, evaluation=evaluation)}]
+
+
+def repair_messages(head: list[dict[str, str]], failing_answer: str, verdict: Verdict) -> list[dict[str, str]]:
+    """The head, the failing answer and the evaluator's feedback on it: what a repair answers."""
+    return head + [{"role": "assistant", "content": failing_answer},
+                   {"role": "user", "content": feedback(verdict)}]
+
+
 def feedback(verdict: Verdict) -> str:
     """The evaluator's verdict as the model reads it, and what to do next."""
     return (f"The evaluator rejected this kernel.\n\n{verdict.message}\n\n"

@@ -172,8 +172,7 @@ class ModelSource:
 
     def process(self, item: ModelItem, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(item.task)
-        head = [{"role": "system", "content": prompts.system_prompt(prompt.context, prompt.generation)},
-                {"role": "user", "content": prompts.task_prompt(task)}]
+        head = prompts.task_messages(task, prompt.context, prompt.generation)
         fixer = self.teacher or self.model
         answer = self.model.complete(head, temperature=self.temperature, max_tokens=self.max_tokens,
                                      seed=seed_for(item.id))
@@ -182,9 +181,7 @@ class ModelSource:
         for turn in range(1, self.max_turns + 1):
             if verdict.ok:
                 break
-            conversation = head + [{"role": "assistant", "content": answer},
-                                   {"role": "user", "content": prompts.feedback(verdict)}]
-            reply = fixer.complete(conversation, temperature=self.temperature, max_tokens=self.max_tokens,
+            reply = fixer.complete(prompts.repair_messages(head, answer, verdict), temperature=self.temperature, max_tokens=self.max_tokens,
                                    seed=seed_for(f"{item.id}:{turn}"))
             repaired = grader.grade(task, reply)
             turns.append(_turn(fixer.name, reply, repaired))
@@ -273,11 +270,9 @@ class ReplaySource:
             if self.teacher is None:
                 return attempt_entry(item.id, task, self.name, item.model, failing,
                                      dropped="no repair in the row and no --teacher")
-            head = [{"role": "system", "content": prompts.system_prompt(prompt.context, prompt.generation)},
-                    {"role": "user", "content": prompts.task_prompt(task)},
-                    {"role": "assistant", "content": item.attempt},
-                    {"role": "user", "content": prompts.feedback(failing)}]
-            reply = self.teacher.complete(head, max_tokens=self.max_tokens, seed=seed_for(item.id))
+            conversation = prompts.repair_messages(prompts.task_messages(task, prompt.context, prompt.generation),
+                                                   item.attempt, failing)
+            reply = self.teacher.complete(conversation, max_tokens=self.max_tokens, seed=seed_for(item.id))
         repaired = grader.grade(task, reply)
         if not repaired.ok:
             return attempt_entry(item.id, task, self.name, item.model, failing,

@@ -46,13 +46,9 @@ class ModelSpec:
         return cls(label, model, adapter=adapter or None)
 
     def load(self):
-        from data_gen.chat_models import LocalHFChatModel, OpenAIChatModel
+        from data_gen.chat_models import make_chat_model
 
-        if self.base_url:
-            model = OpenAIChatModel(self.base_url, self.model)
-            model.check_reachable()
-            return model
-        return LocalHFChatModel(self.model, adapter=self.adapter)
+        return make_chat_model(self.model, base_url=self.base_url, adapter=self.adapter)
 
 
 @dataclass
@@ -82,12 +78,11 @@ def sample_model(spec: ModelSpec, model: Any, tasks: list[tuple[Any, str]], spli
                  temperature: float, max_tokens: int, context: str, evaluator: Any,
                  concurrency: int) -> list[Sample]:
     """n answers per task from one model, each graded on the split's cases."""
-    from data_gen.prompts import system_prompt, task_prompt
+    from data_gen.prompts import task_messages
 
     def one(job: tuple[Any, str, int]) -> Sample:
         task, group, index = job
-        messages = [{"role": "system", "content": system_prompt(context)},
-                    {"role": "user", "content": task_prompt(task, split, evaluation=True)}]
+        messages = task_messages(task, context, split=split, evaluation=True)
         answer = model.complete(messages, temperature=temperature, max_tokens=max_tokens, seed=index)
         verdict = evaluator.grade(task, answer, split)
         return Sample(spec.label, task.name, group, split, index, verdict.status, verdict.speedup,
