@@ -1,3 +1,4 @@
+import importlib.util
 import os
 from pathlib import Path
 
@@ -10,6 +11,24 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # with libtpu installed, jax woul
 TESTS = Path(__file__).parent
 CANDIDATES = TESTS / "candidates"
 HONEST = TESTS / "honest"
+
+
+# CI installs every prerequisite (the README's extras, and the CI-only list in .ci/run), so
+# there a missing one is a broken CI, not a reason to skip.
+IN_CI = os.environ.get("CI") == "true"
+
+
+def require(available: bool, reason: str) -> None:
+    """Skip (module level too) when a prerequisite is missing; fail instead under CI=true."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"CI prerequisite missing: {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str, install: str) -> None:
+    require(importlib.util.find_spec(name) is not None, f"{name} is not installed ({install})")
 
 
 def read_candidate(name: str) -> str:

@@ -9,8 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytest.importorskip("openai")
-
 from data_gen.chat_models import (
     ChatModel,
     EndpointError,
@@ -18,6 +16,7 @@ from data_gen.chat_models import (
     OpenAIChatModel,
     make_chat_model,
 )
+from tests.conftest import require_module
 from tests.fake_openai_server import FakeOpenAIServer
 
 
@@ -167,9 +166,10 @@ def test_local_model_unloadable_dir_is_endpoint_error(tmp_path) -> None:
 
 def test_local_model_generates_offline(tmp_path) -> None:
     """A tiny random Llama with a word-level tokenizer, built here: nothing is downloaded."""
-    pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    tokenizers = pytest.importorskip("tokenizers")
+    for module in ("torch", "transformers", "tokenizers"):
+        require_module(module, "pip install -e '.[train]'")
+    import tokenizers
+    import transformers
 
     words = ["<pad>", "<eos>", "<unk>", "user", "assistant", "system", ":", "add", "two", "vectors"]
     vocab = {w: i for i, w in enumerate(words)}

@@ -1,8 +1,7 @@
 """tpu-compile: a full libtpu compile for a named TPU generation, on a machine with no TPU.
 
-Needs the optional extra (pip install -e '.[tpu-compile]'); skipped without libtpu.
+Needs the optional extra (pip install -e '.[tpu-compile]'); skipped without libtpu (failed in CI).
 """
-import importlib.util
 import time
 
 import pytest
@@ -13,13 +12,10 @@ from evaluator.hardware import GENERATIONS
 from evaluator.sandbox import Limits, Worker
 from evaluator.stages import case_request
 from tasks import all_tasks
-from tests.conftest import read_candidate
+from tests.conftest import read_candidate, require_module
 
-pytestmark = [
-    pytest.mark.tpu_compile,
-    pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                       reason="libtpu not installed: pip install -e '.[tpu-compile]'"),
-]
+require_module("libtpu", "pip install -e '.[tpu-compile]'")
+pytestmark = pytest.mark.tpu_compile
 
 
 @pytest.fixture(scope="module")

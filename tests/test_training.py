@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("trl")
-pytest.importorskip("peft")
+from tests.conftest import require_module
+
+for _module in ("trl", "peft", "torch"):
+    require_module(_module, "pip install -e '.[train]'")
 
 import torch
 

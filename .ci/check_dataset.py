@@ -1,0 +1,51 @@
+"""Check what the README's main command built: rows, error classes, card and figure.
+
+    python .ci/check_dataset.py datasets/fixit-mutation [--min-rows 300] [--min-classes 10]
+
+Run by .ci/run after it deleted the committed copy, so only a dataset built in this run can pass.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def check(folder: Path, min_rows: int, min_classes: int) -> list[str]:
+    """Problems found; empty when the dataset is whole."""
+    problems = []
+    for name in ("README.md", "error_classes.png"):
+        if not (folder / name).is_file():
+            problems.append(f"{folder / name} was not written")
+    files = sorted((folder / "data").glob("*.parquet"))
+    if not files:
+        return problems + [f"no parquet files under {folder / 'data'}"]
+    rows = pd.concat([pd.read_parquet(f) for f in files])
+    classes = rows["error_class"].value_counts()
+    print(f"{folder}: {len(rows)} rows in {len(files)} files, {len(classes)} error classes: "
+          + ", ".join(f"{c} {n}" for c, n in classes.items()))
+    if len(rows) < min_rows:
+        problems.append(f"{len(rows)} rows, expected at least {min_rows}")
+    if len(classes) < min_classes:
+        problems.append(f"{len(classes)} error classes, expected at least {min_classes}")
+    if rows["messages"].map(len).ne(5).any():
+        problems.append("some rows do not have five messages")
+    return problems
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--min-rows", type=int, default=300)
+    p.add_argument("--min-classes", type=int, default=10)
+    args = p.parse_args()
+    problems = check(args.folder, args.min_rows, args.min_classes)
+    for problem in problems:
+        print(f"check_dataset: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
