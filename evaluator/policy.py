@@ -10,8 +10,19 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-ALLOWED_MODULES = ("jax", "numpy", "functools", "math", "typing", "dataclasses", "itertools",
-                   "operator", "__future__", "ml_dtypes", "enum", "collections")
+# The rule: jax (public API, jax.experimental.pallas.ops helpers included: a library *kernel*
+# is refused later, by provenance), numpy and ml_dtypes, and the standard library modules that
+# only compute on Python values. Refused by omission: anything that reaches the OS, files,
+# processes, threads, the network or the clock (os, sys, io, pathlib, subprocess, socket,
+# threading, time, signal, atexit...), the interpreter's own state (gc, inspect, importlib,
+# ctypes, builtins, traceback...), or that builds or loads code at run time (types, whose
+# FunctionType/CodeType would get past this AST check; pickle, marshal, ast, codeop...).
+ALLOWED_MODULES = (
+    "jax", "numpy", "ml_dtypes",
+    "__future__", "abc", "bisect", "cmath", "collections", "contextlib", "copy", "dataclasses",
+    "decimal", "enum", "fractions", "functools", "heapq", "itertools", "json", "math", "numbers",
+    "operator", "re", "statistics", "string", "textwrap", "typing", "warnings",
+)
 # Inside jax: private internals reach the interpreter state; host_callback runs host code.
 FORBIDDEN_MODULE_PARTS = ("_src", "host_callback", "compilation_cache", "profiler", "jax.tools")
 
@@ -49,6 +60,7 @@ ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__main__"})
 @dataclass(frozen=True)
 class Context:
     modules: dict[str, str]  # local name -> module it is bound to by an import
+    allowed_nodes: frozenset[int] = frozenset()  # ids of nodes an idiom makes acceptable
 
     def module_of(self, node: ast.AST) -> str | None:
         """'jax.numpy' for `jnp` or `jax.numpy`, when the chain starts at an imported name."""
@@ -92,7 +104,7 @@ def check_name(node: ast.AST, ctx: Context) -> list[Violation]:
 def check_attribute(node: ast.AST, ctx: Context) -> list[Violation]:
     # Rationale: dunder attributes (__class__, __globals__, __subclasses__, __dict__...)
     # are how sandboxed Python escapes to builtins and other modules.
-    if not isinstance(node, ast.Attribute):
+    if not isinstance(node, ast.Attribute) or id(node) in ctx.allowed_nodes:
         return []
     if node.attr.startswith("__") and node.attr not in ALLOWED_DUNDERS:
         return [Violation(node.lineno, f"access to {node.attr!r} is not allowed")]
@@ -134,17 +146,24 @@ def check_getattr(node: ast.AST, ctx: Context) -> list[Violation]:
 
 def check_interpret_keyword(node: ast.AST, ctx: Context) -> list[Violation]:
     # Rationale: the evaluator decides how kernels run; `interpret=True` would make a
-    # kernel run as plain JAX on any backend and skip TPU semantics.
+    # kernel run as plain JAX on any backend and skip TPU semantics. Only a literal is refused
+    # here: `interpret=interpret` (a parameter defaulting to False, as in jax's own kernels) is
+    # fine, and whatever value a pallas_call really gets is checked where it is traced
+    # (stage 4), so computed values cannot get past.
     if isinstance(node, ast.Call):
         for kw in node.keywords:
-            if kw.arg == "interpret":
+            if kw.arg == "interpret" and _truthy_literal(kw.value):
                 return [Violation(node.lineno, "setting interpret= is not allowed: the evaluator "
                                                "chooses how kernels run")]
-            if kw.arg is None:  # **kwargs could smuggle interpret=
-                if isinstance(kw.value, ast.Dict) and any(
-                        isinstance(k, ast.Constant) and k.value == "interpret" for k in kw.value.keys):
-                    return [Violation(node.lineno, "setting interpret= is not allowed")]
+            if kw.arg is None and isinstance(kw.value, ast.Dict):  # **{"interpret": True}
+                for key, value in zip(kw.value.keys, kw.value.values):
+                    if isinstance(key, ast.Constant) and key.value == "interpret" and _truthy_literal(value):
+                        return [Violation(node.lineno, "setting interpret= is not allowed")]
     return []
+
+
+def _truthy_literal(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and bool(node.value)
 
 
 def check_strings(node: ast.AST, ctx: Context) -> list[Violation]:
@@ -185,7 +204,7 @@ def parse(source: str) -> ast.Module:
 
 
 def violations(tree: ast.Module) -> list[Violation]:
-    ctx = Context(modules=_imported_names(tree))
+    ctx = Context(modules=_imported_names(tree), allowed_nodes=_frozen_dataclass_setattrs(tree))
     found: list[Violation] = []
     for node in ast.walk(tree):
         for check in CHECKS:
@@ -203,3 +222,25 @@ def _imported_names(tree: ast.Module) -> dict[str, str]:
             for a in node.names:
                 names[a.asname or a.name] = f"{node.module}.{a.name}"
     return names
+
+
+def _frozen_dataclass_setattrs(tree: ast.Module) -> frozenset[int]:
+    """`object.__setattr__(self, "name", value)` in a class's own method: how a frozen
+    dataclass sets a field in __post_init__ (jax's own kernels do). Only that exact shape:
+    the receiver is the method's first parameter and the name a plain literal."""
+    allowed = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for method in cls.body:
+            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
+                continue
+            receiver = method.args.args[0].arg
+            for call in (n for n in ast.walk(method) if isinstance(n, ast.Call)):
+                func = call.func
+                if (isinstance(func, ast.Attribute) and func.attr == "__setattr__"
+                        and isinstance(func.value, ast.Name) and func.value.id == "object"
+                        and len(call.args) == 3 and not call.keywords
+                        and isinstance(call.args[0], ast.Name) and call.args[0].id == receiver
+                        and isinstance(call.args[1], ast.Constant) and isinstance(call.args[1].value, str)
+                        and not call.args[1].value.startswith("__")):
+                    allowed.add(id(func))
+    return frozenset(allowed)

@@ -92,6 +92,9 @@ class Worker:
         self.jobs = 0
         self.cgroup = _limit_tasks(self.proc.pid, self.limits.max_tasks)
         header, _ = self._receive(self.limits.startup_timeout_s, "starting the worker")
+        if header.get("internal"):  # the evaluator cannot work here: loud, never a verdict
+            self.kill()
+            raise EvaluatorBug(f"the worker refused to start: {header.get('error')}")
         if not header.get("ready"):
             self.kill()
             raise WorkerError("crash", f"worker failed to start: {header}")

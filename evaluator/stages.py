@@ -7,6 +7,7 @@ evaluator/worker.py) and judge what it reports. Adding a stage is adding one ent
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -20,6 +21,7 @@ from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.jaxpr_analysis import BlockInfo, OutsideCost, PallasCallInfo, TraceSummary
+from evaluator.provenance import KernelOrigin
 from evaluator.record import CaseResult, Verdict
 from evaluator.reference import ReferenceCache, case_seeds
 from evaluator.sandbox import Worker
@@ -27,6 +29,14 @@ from tasks.spec import Case, Task
 
 # Work outside kernels above this share of the reference's FLOPs is "a real part of the task".
 OUTSIDE_FLOPS_SHARE = 0.10
+# At every bench size the kernels must do at least this share of the reference's arithmetic
+# (honest differences, skipped causal blocks or recomputation, stay well inside it) ...
+INSIDE_FLOPS_SHARE = 0.5
+# ... and their static estimate may not beat the ideal kernel (every input read once, every
+# output written once, the reference's FLOPs) by more than this: faster is physically absent work.
+MIN_ESTIMATE_VS_IDEAL = 0.8
+# A kernel body whose equations come mostly from a library's code is the library's kernel.
+MAX_LIBRARY_SHARE = 0.5
 
 
 @dataclass
@@ -53,6 +63,7 @@ class GradingContext:
     stop_at_first_failure: bool = False  # run stage: skip the remaining cases once one fails
     source: str = ""
     summaries: dict[str, TraceSummary] = field(default_factory=dict)
+    origins: dict[str, list[KernelOrigin]] = field(default_factory=dict)
 
     @property
     def traced_cases(self) -> list[Case]:
@@ -117,6 +128,7 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
                                          f"{reply['error_type']}: {reply['error']}",
                        reply["error_type"], reply["error"])
     ctx.summaries = {s["case"]: _summary_from_dict(s) for s in reply["summaries"]}
+    ctx.origins = {s["case"]: [KernelOrigin(**o) for o in s["origins"]] for s in reply["summaries"]}
     for case in cases:
         summary = ctx.summaries[case.name]
         out = summary.outside
@@ -127,6 +139,9 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
         if not summary.pallas_calls:
             return Failure("no_kernel", f"no pallas_call found when tracing kernel() at case "
                            f"{case.describe()}; the computation must be written as a Pallas kernel.")
+        failure = _origin_failure(ctx.origins[case.name], case)
+        if failure is not None:
+            return failure
         if out.heavy_ops:
             return Failure("work_outside_kernel", f"{', '.join(sorted(set(out.heavy_ops)))} runs outside "
                            f"any Pallas kernel at case {case.name}; matrix products must happen "
@@ -141,7 +156,48 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
                            f"arithmetic runs outside the Pallas kernels at case {case.name} "
                            f"(mostly {ops}); only glue such as padding, reshapes and casts may run "
                            f"outside (limit {OUTSIDE_FLOPS_SHARE:.0%}).")
+        if case.size == "bench" and ref_flops:
+            failure = _missing_work(summary, ref_flops, case)
+            if failure is not None:
+                return failure
     return None
+
+
+def _origin_failure(origins: list[KernelOrigin], case: Case) -> Failure | None:
+    """The kernels must be the candidate's, and run the way the evaluator chooses."""
+    for origin in origins:
+        if origin.interpret:
+            return Failure("policy_violation", f"pallas_call {origin.name} at case {case.name} was "
+                           f"traced with interpret={origin.interpret}; the evaluator chooses how "
+                           "kernels run, so leave interpret at its default (False).")
+    for origin in origins:
+        if origin.defined_in != "candidate":
+            return Failure("policy_violation", f"the kernel {origin.name} of a pallas_call at case "
+                           f"{case.name} is defined in {origin.defined_in}, a library, not in your "
+                           "code; the task asks for a kernel you write: define the kernel body "
+                           "(the function passed to pallas_call) yourself.",
+                           details={"library_kernel": origin.defined_in})
+        if origin.library_share > MAX_LIBRARY_SHARE:
+            return Failure("policy_violation", f"the body of kernel {origin.name} at case {case.name} "
+                           f"does its work by calling library code ({origin.library_share:.0%} of its "
+                           f"operations come from {origin.main_library}); the task asks for a kernel "
+                           "you write: compute in the kernel body yourself.",
+                           details={"library_kernel": origin.main_library})
+    return None
+
+
+def _missing_work(summary: TraceSummary, ref_flops: float, case: Case) -> Failure | None:
+    """At a bench size (traced and lowered, timed on a TPU, never compared on a CPU) the
+    kernels must still do the task's arithmetic: a kernel that is right only where it is
+    checked does its real work at check sizes alone."""
+    inside = sum(c.flops_per_step * math.prod(max(g, 1) for g in c.grid) for c in summary.pallas_calls)
+    if inside >= INSIDE_FLOPS_SHARE * ref_flops:
+        return None
+    return Failure("work_outside_kernel", f"at case {case.describe()} the Pallas kernels perform "
+                   f"{inside / 1e9:.3g} GFLOP, {inside / ref_flops:.0%} of the task's "
+                   f"{ref_flops / 1e9:.3g} GFLOP (at least {INSIDE_FLOPS_SHARE:.0%} expected); the "
+                   "kernel must compute the whole task at every size, not only at small ones.",
+                   details={"inside_flops": inside, "reference_flops": ref_flops})
 
 
 # --- 5. required TPU features ------------------------------------------------------------------
@@ -218,9 +274,10 @@ def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     return None
 
 
-# --- 6b. static performance estimate (never fails) -----------------------------------------
+# --- 6b. static performance estimate ----------------------------------------------------------
 def estimate_stage(ctx: GradingContext) -> Failure | None:
-    """Roofline estimate at bench sizes vs an ideal kernel: useful with or without a TPU."""
+    """Roofline estimate at bench sizes vs an ideal kernel: useful with or without a TPU, and
+    a kernel estimated well under the ideal cannot be doing the task there."""
     estimates = {}
     for case in ctx.task.select(ctx.split, "bench"):
         est = perf_model.estimate(case.name, ctx.summaries[case.name], ctx.generation,
@@ -229,6 +286,14 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
         estimates[case.name] = dataclasses.asdict(est)
         ctx.verdict.details.setdefault("perf_estimate", est.summary())
     ctx.verdict.details["perf_model"] = estimates
+    for name, est in estimates.items():
+        if est["slowdown_vs_ideal"] < MIN_ESTIMATE_VS_IDEAL:
+            case = next(c for c in ctx.task.cases if c.name == name)
+            return Failure("work_outside_kernel", f"at case {case.describe()} the kernels' static "
+                           f"estimate is {est['slowdown_vs_ideal']:.2f}x the time of an ideal kernel "
+                           "that reads every input once, writes every output once and does the "
+                           "task's arithmetic: less work than the task needs. The kernel must "
+                           "compute the whole task at every size.")
     return None
 
 
@@ -321,23 +386,48 @@ def _shape_problem(got: list[np.ndarray], expected: list, seed_result: dict) -> 
 
 # --- 8. timing against XLA, on real hardware only ----------------------------------------------
 def timing_stage(ctx: GradingContext) -> Failure | None:
+    """Median wall time of the kernel and of the XLA reference at the bench sizes, on the same
+    inputs; the kernel's outputs of the timed runs are checked too: a speedup only counts for
+    a kernel that is right at the size it was timed at."""
     if not ctx.backend.times_kernels:
         return None
     bench = ctx.task.select(ctx.split, "bench") or ctx.run_cases
     samples: dict[str, Any] = {}
     ratios = []
     for case in bench:
-        reply, _ = ctx.worker.call({"cmd": "time", "task": ctx.task.name, "case": case.name,
-                                    "seed": ctx.base_seed, "warmup": 3, "iters": 20},
-                                   what=f"timing case {case.name}")
+        # Bench-size arrays are large: made here for this case alone, never cached.
+        inputs = ctx.task.make_inputs(case, np.random.default_rng(ctx.base_seed))
+        reply, outputs = ctx.worker.call({"cmd": "time", "task": ctx.task.name, "case": case.name,
+                                          "warmup": 3, "iters": 20}, list(inputs),
+                                         what=f"timing case {case.name}")
         if not reply["ok"]:
             return Failure("runtime_error", f"timing case {case.describe()} failed: "
                            f"{reply.get('error_type')}: {reply.get('error')}",
                            reply.get("error_type"), reply.get("error"))
+        failure = _timed_output_failure(ctx, case, outputs, ctx.references.outputs(ctx.task, inputs))
+        if failure is not None:
+            return failure
         samples[case.name] = {"kernel_s": reply["kernel_s"], "reference_s": reply["reference_s"]}
         ratios.append(statistics.median(reply["reference_s"]) / statistics.median(reply["kernel_s"]))
     ctx.verdict.timings = samples
     ctx.verdict.speedup = statistics.median(ratios) if ratios else None
+    return None
+
+
+def _timed_output_failure(ctx: GradingContext, case: Case, outputs: list[np.ndarray],
+                          expected: list[np.ndarray]) -> Failure | None:
+    if len(outputs) != len(expected):
+        return Failure("wrong_shape", f"at the timed case {case.describe()} kernel() returned "
+                                      f"{len(outputs)} output(s), expected {len(expected)}.")
+    for i, (out, ref) in enumerate(zip(outputs, expected)):
+        if tuple(out.shape) != tuple(ref.shape):
+            return Failure("wrong_shape", f"at the timed case {case.describe()} output {i} has "
+                                          f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}.")
+        cmp = compare(out, ref, ctx.task.tolerances[case.dtype])
+        if not cmp.ok:
+            return Failure("wrong_output", f"wrong values at the timed case {case.describe()}: "
+                           f"{cmp.reason}; the kernel must be correct at every size it runs at, "
+                           "not only where it is checked.")
     return None
 
 

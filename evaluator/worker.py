@@ -19,6 +19,9 @@ from typing import Any, Callable
 
 from evaluator.errors import CANDIDATE_FILENAME, describe_exception
 
+# Candidates are registered in sys.modules as candidate_1, candidate_2, ... for their lifetime.
+CANDIDATE_MODULE_PREFIX = "candidate_"
+
 _RACES: list[str] = []
 # Captured before any candidate runs: a candidate cannot swap the clock the timing uses.
 _clock = time.perf_counter
@@ -38,7 +41,11 @@ def main() -> None:
     if args.platform == "cpu":
         jax.config.update("jax_platforms", "cpu")
     state = _WorkerState(interpret=args.interpret)
-    _install_race_recorder()
+    try:
+        _install_race_recorder()
+    except HookError as exc:  # an evaluator that cannot see races must not grade at all
+        protocol.write_message(proto_out, {"ready": False, "internal": True, "error": str(exc)})
+        return
     protocol.write_message(proto_out, {"ready": True, "pid": os.getpid(),
                                        "jax": jax.__version__, "isolation": isolation})
     while True:
@@ -65,8 +72,12 @@ class _WorkerState:
     interpret: bool
     module: types.ModuleType | None = None
     source_lines: list[str] = dataclasses.field(default_factory=list)
-    jitted: Callable[..., Any] | None = None
+    # Each case's program, traced once by `trace`; every later step runs this, never the
+    # candidate's Python again (evaluator/program.py).
+    programs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    runners: dict[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     topologies: dict[str, Any] = dataclasses.field(default_factory=dict)  # kept across candidates
+    loaded: int = 0  # candidates loaded so far: each gets its own module name
 
 
 def _parse_args() -> argparse.Namespace:
@@ -134,13 +145,23 @@ def _take_protocol_pipes():
     return proto_in, proto_out
 
 
+class HookError(RuntimeError):
+    """A private jax hook the worker relies on is gone (a jax upgrade): fail loudly."""
+
+
 def _install_race_recorder() -> None:
     """Interpret mode only prints races; record them so a race becomes a verdict."""
     try:
         from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-    except ImportError:
-        return
-    base = ipc.RaceDetectionState
+
+        base = ipc.RaceDetectionState
+    except (ImportError, AttributeError) as exc:
+        raise HookError("cannot record data races: jax._src.pallas.mosaic.interpret."
+                        f"interpret_pallas_call.RaceDetectionState is gone ({exc}); the evaluator "
+                        f"needs updating for jax {_jax_version()}") from None
+    if "races_found" not in {f.name for f in dataclasses.fields(base)}:
+        raise HookError("cannot record data races: RaceDetectionState no longer has races_found; "
+                        f"the evaluator needs updating for jax {_jax_version()}")
 
     class RecordingRaceState(base):  # type: ignore[misc, valid-type]
         def __setattr__(self, name: str, value: Any) -> None:
@@ -151,62 +172,83 @@ def _install_race_recorder() -> None:
     ipc.RaceDetectionState = RecordingRaceState
 
 
+def _jax_version() -> str:
+    import jax
+
+    return jax.__version__
+
+
 # --- request handlers: (state, header, arrays) -> (reply, arrays) ---------------------------
 
 def _load(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
+    """Execute the candidate as a real module: registered in sys.modules under a name of its
+    own (until reset), so dataclasses, typing.get_type_hints and pickling find it."""
     source = header["source"]
     state.source_lines = source.splitlines()
     _pretend_device_kind(header.get("device_kind"))
-    module = types.ModuleType("candidate")
+    state.loaded += 1
+    module = types.ModuleType(f"{CANDIDATE_MODULE_PREFIX}{state.loaded}")
     module.__file__ = CANDIDATE_FILENAME
+    sys.modules[module.__name__] = module
+    state.module = module
     try:
         code = compile(source, CANDIDATE_FILENAME, "exec")
         exec(code, module.__dict__)
     except BaseException as exc:  # SystemExit too: the candidate must not end the worker
         etype, text = describe_exception(exc, state.source_lines)
         return {"ok": False, "error_type": etype, "error": text}, []
-    kernel = module.__dict__.get("kernel")
-    if not callable(kernel):
+    if not callable(module.__dict__.get("kernel")):
         return {"ok": False, "error_type": "NameError",
                 "error": "the module does not define a callable `kernel`"}, []
-    import jax
-
-    state.module = module
-    state.jitted = jax.jit(kernel)
     return {"ok": True}, []
 
 
-def _specs(case: dict) -> list:
+def _specs(case: dict, sharding: Any = None) -> list:
     import jax
     import jax.numpy as jnp
 
-    return [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)) for shape, dtype in case["args"]]
+    return [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+            for shape, dtype in case["args"]]
 
 
 def _trace(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
-    """make_jaxpr at every requested case: cheap, so bench sizes are traced too."""
-    import jax
-
+    """Trace kernel() once per case (cheap, so bench sizes too) and keep the program: what
+    the host judges here is what every later step lowers, compiles, runs and times."""
     from evaluator.jaxpr_analysis import summarize
+    from evaluator.program import TracedProgram
+    from evaluator.provenance import kernel_origins
 
     summaries = []
     for case in header["cases"]:
         try:
-            closed = jax.make_jaxpr(state.module.kernel)(*_specs(case))
+            program = TracedProgram.trace(state.module.kernel, _specs(case))
         except Exception as exc:
             etype, text = describe_exception(exc, state.source_lines)
             return {"ok": False, "case": case["name"], "error_type": etype, "error": text}, []
-        summary = summarize(closed, traffic=case.get("traffic", False))  # our code: bugs raise
-        summaries.append({"case": case["name"], **dataclasses.asdict(summary)})
+        state.programs[case["name"]] = program
+        summary = summarize(program.closed, traffic=case.get("traffic", False))  # our code: bugs raise
+        origins = kernel_origins(program.pallas_calls())
+        summaries.append({"case": case["name"], **dataclasses.asdict(summary),
+                          "origins": [dataclasses.asdict(o) for o in origins]})
     return {"ok": True, "summaries": summaries}, []
+
+
+def _replayed(state: _WorkerState, case_name: str, interpret: Any = None) -> Callable[..., Any]:
+    import jax
+
+    from evaluator.program import replay
+
+    if case_name not in state.programs:
+        raise KeyError(f"case {case_name!r} was not traced before it was used")
+    return jax.jit(replay(state.programs[case_name], interpret=interpret))
 
 
 def _lower(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
     """Pallas -> Mosaic lowering for TPU (works without a TPU); compile on a real one."""
     for case in header["cases"]:
-        phase = "lowering"
+        phase, program = "lowering", _replayed(state, case["name"])
         try:
-            lowered = state.jitted.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
+            lowered = program.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
             if header.get("compile"):
                 phase = "compile"
                 lowered.compile()
@@ -230,11 +272,10 @@ def _compile(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, lis
                                                                   platform="tpu")
     device = state.topologies[topology].devices[0]
     case = header["case"]
-    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=SingleDeviceSharding(device))
-             for s in _specs(case)]
+    program = _replayed(state, case["name"])
     try:
         with jax.default_device(device):
-            compiled = state.jitted.trace(*specs).lower().compile()
+            compiled = program.trace(*_specs(case, SingleDeviceSharding(device))).lower().compile()
     except Exception as exc:
         return {"ok": False, "error_type": type(exc).__name__,
                 "error": compiler_message(str(exc))}, []
@@ -283,18 +324,19 @@ def _pretend_device_kind(device_kind: str | None) -> None:
 
 
 def _run(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
-    """Run one case on each seed's inputs; outputs go back as plain numpy arrays."""
+    """Run one case's traced program on each seed's inputs; outputs go back as numpy arrays."""
     import jax
     import numpy as np
 
     nargs = header["nargs"]
+    runner = _case_runner(state, header["case"])
     outputs, results = [], []
     for s in range(len(arrays) // nargs):
         inputs = arrays[s * nargs:(s + 1) * nargs]
         del _RACES[:]
         start = time.perf_counter()
         try:
-            out = _call_kernel(state, inputs)
+            out = jax.block_until_ready(runner(*inputs))
             leaves = jax.tree_util.tree_leaves(out)
             host = [np.array(leaf) for leaf in leaves]  # copies off the device
         except Exception as exc:
@@ -316,17 +358,18 @@ def _run(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
     return {"ok": True, "results": results}, outputs
 
 
-def _call_kernel(state: _WorkerState, inputs: list) -> Any:
-    import jax
+def _case_runner(state: _WorkerState, case_name: str) -> Callable[..., Any]:
+    """The case's traced program, jitted once; under the evaluator's TPU interpret mode when
+    this backend interprets (every pallas_call re-issued with these parameters)."""
+    if case_name not in state.runners:
+        interpret = None
+        if state.interpret:
+            from jax.experimental.pallas import tpu as pltpu
 
-    if not state.interpret:
-        return jax.block_until_ready(state.jitted(*inputs))
-    from jax.experimental.pallas import tpu as pltpu
-
-    params = pltpu.InterpretParams(detect_races=True, out_of_bounds_reads="raise",
-                                   uninitialized_memory="nan")
-    with pltpu.force_tpu_interpret_mode(params):
-        return jax.block_until_ready(state.jitted(*inputs))
+            interpret = pltpu.InterpretParams(detect_races=True, out_of_bounds_reads="raise",
+                                              uninitialized_memory="nan")
+        state.runners[case_name] = _replayed(state, case_name, interpret)
+    return state.runners[case_name]
 
 
 def _reset_interpret_state() -> None:
@@ -339,22 +382,25 @@ def _reset_interpret_state() -> None:
 
 
 def _time(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
-    """Stage 8 on real hardware: median wall time of kernel and XLA reference, same inputs."""
+    """Stage 8 on real hardware: wall times of the kernel and of the XLA reference on the same
+    inputs (sent by the host), each called as a user would: the case's own dtypes.
+
+    The kernel's outputs from the timed runs come back so the host can check them at this
+    size before the speedup counts (a kernel could be right only where it is compared).
+    """
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     import tasks
 
     task = tasks.get_task(header["task"])
-    case = next(c for c in task.cases if c.name == header["case"])
-    inputs = [jax.device_put(a) for a in task.make_inputs(case, np.random.default_rng(header["seed"]))]
-    reference = jax.jit(lambda *xs: task.reference(*[x.astype(jnp.float32)
-                                                     if jnp.issubdtype(x.dtype, jnp.floating) else x
-                                                     for x in xs]))
-    kernel_s = time_callable(state.jitted, inputs, header["warmup"], header["iters"])
+    inputs = [jax.device_put(a) for a in arrays]
+    runner = _case_runner(state, header["case"])
+    reference = jax.jit(task.reference)
+    kernel_s = time_callable(runner, inputs, header["warmup"], header["iters"])
     reference_s = time_callable(reference, inputs, header["warmup"], header["iters"])
-    return {"ok": True, "kernel_s": kernel_s, "reference_s": reference_s}, []
+    outputs = [np.array(leaf) for leaf in jax.tree_util.tree_leaves(runner(*inputs))]
+    return {"ok": True, "kernel_s": kernel_s, "reference_s": reference_s}, outputs
 
 
 def time_callable(fn: Callable[..., Any], inputs: list, warmup: int, iters: int) -> list[float]:
@@ -372,13 +418,18 @@ def time_callable(fn: Callable[..., Any], inputs: list, warmup: int, iters: int)
 
 
 def _reset(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
-    """Forget the candidate: its module, compiled program, interpret state and temp files.
+    """Forget the candidate: its module (and its sys.modules entry), traced programs,
+    interpret state and temp files.
 
     JAX's caches are kept on purpose: entries are keyed by function objects, so the next
     candidate cannot hit the last one's, and clearing them (plus a full gc) tripled the cost
     of grading a small candidate. The pool recycles workers every few hundred jobs instead.
     """
-    state.module, state.jitted, state.source_lines = None, None, []
+    if state.module is not None:
+        sys.modules.pop(state.module.__name__, None)
+    state.module, state.source_lines = None, []
+    state.programs.clear()
+    state.runners.clear()
     _pretend_device_kind(None)
     _reset_interpret_state()
     cwd = os.getcwd()

@@ -38,6 +38,21 @@ def flagged(source: str) -> list[str]:
     "import numpy as np\nnp.save('x.npy', a)",
     "import numpy as onp\na = onp.load('x.npy')",
     "setattr(pl, 'pallas_call', f)",
+    # builds code at run time: FunctionType/CodeType would get past the static policy
+    "import types",
+    "import pickle",
+    "import ast",
+    "import io",
+    "import pathlib",
+    "import builtins",
+    "import traceback",
+    # object.__setattr__ only as a frozen dataclass sets its own field
+    "object.__setattr__(pl, 'pallas_call', f)",
+    "def f(x):\n    object.__setattr__(x, 'a', 1)",
+    "class A:\n    def f(self, other):\n        object.__setattr__(other, 'a', 1)",
+    "class A:\n    def f(self):\n        object.__setattr__(self, '__class__', B)",
+    "class A:\n    def f(self):\n        g = object.__setattr__",
+    "out = pl.pallas_call(k, out_shape=s, interpret=1)(x)",
 ])
 def test_forbidden_code_is_flagged(source):
     assert flagged(source), source
@@ -49,6 +64,16 @@ def test_forbidden_code_is_flagged(source):
     "x = pl.load(ref, idx)\ny = pltpu.load(ref)",  # Pallas' own load is not numpy file I/O
     "if __name__ == '__main__':\n    pass",
     "v = getattr(pltpu, 'CompilerParams', None)",
+    # the pure-computation standard library that real kernel code imports
+    "import re, json, warnings, abc, contextlib, copy, numbers, string, textwrap",
+    "import collections.abc\nfrom collections.abc import Sequence",
+    "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask",
+    # interpret as a parameter (default False) passed through, as in jax's own kernels
+    "def f(x, interpret=False):\n    return pl.pallas_call(k, out_shape=s, interpret=interpret)(x)",
+    "out = pl.pallas_call(k, out_shape=s, interpret=False)(x)",
+    # the frozen-dataclass idiom
+    "@dataclasses.dataclass(frozen=True)\nclass B:\n    x: int\n    def __post_init__(self):\n"
+    "        object.__setattr__(self, 'x', 2 * self.x)",
 ])
 def test_ordinary_kernel_code_is_allowed(source):
     assert flagged(source) == []

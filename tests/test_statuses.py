@@ -18,6 +18,7 @@ CASES = [
     ("compile_error_vmem_overflow", "matmul", "compile_error"),
     ("runtime_error_index_map_out_of_range", "matmul", "runtime_error"),
     ("runtime_error_memory_hog", "matmul", "runtime_error"),
+    ("runtime_error_data_race", "softmax", "runtime_error"),
     ("wrong_shape_dtype", "matmul", "wrong_shape"),
     ("wrong_output_zeros", "matmul", "wrong_output"),
     ("wrong_output_missing_acc_init", "matmul", "wrong_output"),

@@ -1,0 +1,182 @@
+"""The candidate's program as traced: what the structure stage analysed is what runs.
+
+The worker traces `kernel()` once per case (`jax.make_jaxpr`), and every later step works on
+that jaxpr: the structure and feature checks read it, the TPU lowering and the libtpu compile
+lower it, the run stage executes it and a TPU times it. The candidate's Python is never
+called again, so a kernel cannot show the checks one program and run another (one that
+counts its own traces, say).
+
+`replay(program, interpret=...)` evaluates the jaxpr equation by equation. Each `pallas_call`
+is issued again with the evaluator's interpret parameters (or as traced, for a TPU), and
+control flow (scan, while, cond) is rebuilt around bodies replayed the same way. Calls
+(jit, custom_vjp, custom_jvp, remat) are inlined: only the forward program runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Sequence
+
+import jax
+from jax import lax
+from jax.extend import core as jcore
+from jax.extend import source_info_util
+
+# Call-like primitives whose body is inlined; the parameter that holds it.
+_INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+            "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
+            "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
+
+
+@dataclass
+class TracedProgram:
+    """One case's program: the jaxpr and how its flat outputs map back to kernel()'s result."""
+
+    closed: Any  # ClosedJaxpr
+    out_tree: Any  # PyTreeDef of kernel()'s result
+
+    @classmethod
+    def trace(cls, fn: Callable[..., Any], specs: Sequence[jax.ShapeDtypeStruct]) -> "TracedProgram":
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*specs)
+        return cls(closed, jax.tree_util.tree_structure(out_shape))
+
+    def pallas_calls(self) -> list[Any]:
+        """Every pallas_call equation, also inside control flow and calls."""
+        return list(_pallas_eqns(self.closed.jaxpr))
+
+
+def replay(program: TracedProgram, interpret: Any = None) -> Callable[..., Any]:
+    """A function of kernel()'s arguments that evaluates the traced program.
+
+    `interpret`: None keeps every pallas_call as traced (for TPU lowering, compiling, timing);
+    otherwise each is issued with `interpret=<this>` (e.g. pltpu.InterpretParams(...)).
+    """
+    fix = None if interpret is None else partial(interpret_call_params, interpret=interpret)
+
+    def run(*args: Any) -> Any:
+        flat = jax.tree_util.tree_leaves(args)
+        outs = _eval(program.closed.jaxpr, program.closed.consts, flat, fix)
+        return jax.tree_util.tree_unflatten(program.out_tree, outs)
+
+    return run
+
+
+def interpret_call_params(params: dict[str, Any], interpret: Any) -> dict[str, Any]:
+    """A pallas_call's parameters for interpret mode.
+
+    vmap adds its batch axes to the grid but not to `dimension_semantics`; Mosaic marks those
+    axes "parallel" when it lowers (jax/_src/pallas/mosaic/lowering.py), while TPU interpret
+    mode reads the semantics as given and fails on the length mismatch. Do what Mosaic does,
+    so a kernel that lowers for TPU also runs here.
+    """
+    new = dict(params, interpret=interpret)
+    vmapped = tuple(getattr(params["grid_mapping"], "vmapped_dims", ()) or ())
+    compiler_params = params.get("compiler_params")
+    semantics = getattr(compiler_params, "dimension_semantics", None)
+    if vmapped and semantics is not None:
+        grid_len = len(params["grid_mapping"].grid)
+        given = iter(semantics)
+        full = tuple("parallel" if i in vmapped else next(given) for i in range(grid_len))
+        new["compiler_params"] = dataclasses.replace(compiler_params, dimension_semantics=full)
+    return new
+
+
+def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
+          fix: Callable[[dict[str, Any]], dict[str, Any]] | None) -> list[Any]:
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var] = value
+    if len(jaxpr.invars) != len(args):
+        raise TypeError(f"the traced program takes {len(jaxpr.invars)} arrays, got {len(args)}")
+    for var, value in zip(jaxpr.invars, args):
+        env[var] = value
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        # Keep each equation's source location: errors then point at the candidate's line.
+        with source_info_util.user_context(eqn.source_info.traceback,
+                                           name_stack=eqn.source_info.name_stack), eqn.ctx.manager:
+            outs = _eval_eqn(eqn, invals, fix)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for var, value in zip(eqn.outvars, outs):
+            env[var] = value
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _eval_eqn(eqn: Any, invals: list[Any], fix: Callable | None) -> Any:
+    name, params = eqn.primitive.name, eqn.params
+    if name == "pallas_call":
+        return eqn.primitive.bind(*invals, **(fix(params) if fix else params))
+    if name in _INLINED and _INLINED[name] in params:
+        body = params[_INLINED[name]]
+        inner, consts = (body.jaxpr, body.consts) if hasattr(body, "consts") else (body, ())
+        return _eval(inner, consts, invals, fix)
+    if name == "scan":
+        return _scan(params, invals, fix)
+    if name == "while":
+        return _while(params, invals, fix)
+    if name == "cond":
+        return _cond(params, invals, fix)
+    if any(True for _ in _sub_jaxprs(params)) and any(True for _ in _pallas_eqns_in_params(params)):
+        raise NotImplementedError(f"a pallas_call inside {name!r} cannot be replayed")
+    return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+
+
+def _closed_fn(closed: Any, fix: Callable | None) -> Callable[..., list[Any]]:
+    return lambda *args: _eval(closed.jaxpr, closed.consts, args, fix)
+
+
+def _scan(params: dict[str, Any], invals: list[Any], fix: Callable | None) -> list[Any]:
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    body = _closed_fn(params["jaxpr"], fix)
+
+    def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        outs = body(*consts, *carry, *x)
+        return list(outs[:n_carry]), list(outs[n_carry:])
+
+    carry, ys = lax.scan(step, list(init), list(xs), length=params["length"],
+                         reverse=params["reverse"], unroll=params["unroll"])
+    return [*carry, *ys]
+
+
+def _while(params: dict[str, Any], invals: list[Any], fix: Callable | None) -> list[Any]:
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts, init = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
+    cond = _closed_fn(params["cond_jaxpr"], fix)
+    body = _closed_fn(params["body_jaxpr"], fix)
+    return list(lax.while_loop(lambda c: cond(*cond_consts, *c)[0],
+                               lambda c: list(body(*body_consts, *c)), list(init)))
+
+
+def _cond(params: dict[str, Any], invals: list[Any], fix: Callable | None) -> list[Any]:
+    index, operands = invals[0], invals[1:]
+    branches = [_closed_fn(b, fix) for b in params["branches"]]
+    return list(lax.switch(index, branches, *operands))
+
+
+def _sub_jaxprs(params: dict[str, Any]) -> Any:
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(item, "jaxpr") and hasattr(item, "consts"):  # ClosedJaxpr
+                yield item.jaxpr
+            elif hasattr(item, "eqns") and hasattr(item, "invars"):  # Jaxpr
+                yield item
+
+
+def _pallas_eqns_in_params(params: dict[str, Any]) -> Any:
+    for sub in _sub_jaxprs(params):
+        yield from _pallas_eqns(sub)
+
+
+def _pallas_eqns(jaxpr: Any) -> Any:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn
+        else:
+            yield from _pallas_eqns_in_params(eqn.params)

@@ -1,0 +1,254 @@
+"""The program that is checked is the program that runs; candidates load as real modules.
+
+evaluator/program.py (trace once, replay the jaxpr with pallas_calls re-issued) and the
+worker's module handling, graded end to end and, where it is cheaper, in this process.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tasks import get_task
+
+# A matmul that counts how often its Python runs. While it has run at most LIMIT times it
+# builds a correct kernel; after that, one that doubles its output. An evaluator that called
+# the candidate again after the checks (to lower, run or time it) would run the wrong one.
+TRACE_COUNTING = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+CALLS = [0]
+LIMIT = {limit}
+
+
+def body(x_ref, y_ref, o_ref, *, factor):
+    o_ref[...] = (factor * jnp.dot(x_ref[...], y_ref[...],
+                                   preferred_element_type=jnp.float32)).astype(o_ref.dtype)
+
+
+def kernel(x, y):
+    import functools
+    CALLS[0] += 1
+    factor = 1.0 if CALLS[0] <= LIMIT else 2.0
+    m, n = x.shape[0], y.shape[1]
+    bm = 128 if m % 128 == 0 else m
+    bn = 128 if n % 128 == 0 else n
+    return pl.pallas_call(
+        functools.partial(body, factor=factor), grid=(m // bm, n // bn),
+        in_specs=[pl.BlockSpec((bm, x.shape[1]), lambda i, j: (i, 0)),
+                  pl.BlockSpec((x.shape[1], bn), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype))(x, y)
+'''
+
+
+def test_the_candidate_runs_once_per_traced_case_and_nothing_else_runs(evaluator):
+    task = get_task("matmul")
+    traced = task.select("train")  # check sizes first, then bench sizes
+    checked = task.select("train", "check")
+    # Right for every trace the checks see: an evaluator that called the Python again to
+    # lower, run or time would meet the doubling kernel.
+    honest = evaluator.grade("matmul", TRACE_COUNTING.format(limit=len(traced)), seed=3)
+    assert honest.status == "correct", honest.message
+    # Wrong from the last check case's trace on: that case's run shows the doubling kernel,
+    # the program traced for it, and no other case fails.
+    switched = evaluator.grade("matmul", TRACE_COUNTING.format(limit=len(checked) - 1), seed=3)
+    assert switched.status == "wrong_output", switched.message
+    statuses = {c.name: c.status for c in switched.cases}
+    assert statuses[checked[-1].name] == "wrong_output"
+    assert all(statuses[c.name] == "correct" for c in checked[:-1]), statuses
+
+
+VMAPPED = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def softmax_body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    o_ref[...] = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(o_ref.dtype)
+
+
+def rows_softmax(x):  # [rows, d], one block of 8 rows per step
+    rows, d = x.shape
+    return pl.pallas_call(
+        softmax_body, grid=(rows // 8,),
+        in_specs=[pl.BlockSpec((8, d), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, d), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)))(x)
+
+
+def kernel(x):
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    chunks = 2 if rows % 16 == 0 else 1
+    out = jax.vmap(rows_softmax)(flat.reshape(chunks, rows // chunks, flat.shape[-1]))
+    return out.reshape(x.shape)
+'''
+
+
+def test_a_vmapped_pallas_call_with_dimension_semantics_runs_as_it_lowers(evaluator):
+    """vmap adds a grid axis but not its semantics: Mosaic marks it parallel, and so do we."""
+    verdict = evaluator.grade("softmax", VMAPPED, seed=5)
+    assert verdict.status == "correct", verdict.message
+
+
+INTERPRET_PARAMETER = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    o_ref[...] = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(o_ref.dtype)
+
+
+def softmax(x, *, interpret={default}):
+    flat = x.reshape(-1, x.shape[-1])
+    rows = 8 if flat.shape[0] % 8 == 0 else flat.shape[0]
+    out = pl.pallas_call(
+        body, grid=(flat.shape[0] // rows,),
+        in_specs=[pl.BlockSpec((rows, flat.shape[1]), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((rows, flat.shape[1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(flat.shape, x.dtype), interpret=interpret)(flat)
+    return out.reshape(x.shape)
+
+
+def kernel(x):
+    return softmax(x)
+'''
+
+
+def test_interpret_is_judged_by_what_the_pallas_call_got(evaluator):
+    passed_through = evaluator.grade("softmax", INTERPRET_PARAMETER.format(default="False"), seed=1)
+    assert passed_through.status == "correct", passed_through.message
+    computed = evaluator.grade("softmax", INTERPRET_PARAMETER.format(default="len('on') > 0"), seed=1)
+    assert computed.status == "policy_violation", computed.message
+    assert "interpret=True" in computed.message and computed.stage == "structure"
+
+
+DATACLASS_CONFIG = '''
+import dataclasses
+import functools
+import typing
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    rows: int
+    label: str = ""
+
+    def __post_init__(self):
+        if self.rows % 8:
+            raise ValueError(f"rows must be a multiple of 8, got {{self.rows}}")
+        object.__setattr__(self, "label", f"rows={{self.rows}}")
+
+
+def body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    o_ref[...] = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(o_ref.dtype)
+
+
+def kernel(x):
+    assert typing.get_type_hints(Blocks)["rows"] is int
+    blocks = Blocks(8)
+    flat = x.reshape(-1, x.shape[-1])
+    out = pl.pallas_call(
+        body, grid=(flat.shape[0] // blocks.rows,),
+        in_specs=[pl.BlockSpec((blocks.rows, flat.shape[1]), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((blocks.rows, flat.shape[1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(flat.shape, x.dtype))(flat)
+    return out.reshape(x.shape)
+'''
+
+
+def test_a_frozen_dataclass_with_post_init_works(evaluator):
+    verdict = evaluator.grade("softmax", DATACLASS_CONFIG.format(), seed=2)
+    assert verdict.status == "correct", verdict.message
+
+
+def test_candidate_modules_are_registered_and_removed(tmp_path, monkeypatch):
+    """In this process: load registers a fresh module name, reset removes it."""
+    import sys
+
+    from evaluator import worker
+
+    monkeypatch.chdir(tmp_path)  # reset empties the working directory
+    state = worker._WorkerState(interpret=True)
+    names = []
+    for _ in range(2):
+        reply, _ = worker._load(state, {"source": DATACLASS_CONFIG.format()}, [])
+        assert reply["ok"], reply
+        names.append(state.module.__name__)
+        assert sys.modules[names[-1]] is state.module
+        assert state.module.Blocks.__module__ == names[-1]
+        worker._reset(state, {}, [])
+        assert names[-1] not in sys.modules
+    assert names[0] != names[1]
+
+
+def test_a_missing_race_hook_stops_the_worker_loudly(monkeypatch):
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from evaluator import worker
+
+    @dataclasses.dataclass
+    class NoRaceFlag:  # what a jax upgrade could leave behind
+        num_cores: int
+
+    monkeypatch.setattr(ipc, "RaceDetectionState", NoRaceFlag)
+    with pytest.raises(worker.HookError, match="races_found"):
+        worker._install_race_recorder()
+
+
+def test_replay_runs_the_traced_jaxpr_through_control_flow():
+    """scan, cond and vmap around pallas_calls, replayed in interpret mode and lowered for TPU."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from evaluator.program import TracedProgram, replay
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0
+
+    def one(x):
+        return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
+                              in_specs=[pl.BlockSpec(x.shape, lambda i: (0, 0))],
+                              out_specs=pl.BlockSpec(x.shape, lambda i: (0, 0)),
+                              compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)))(x)
+
+    calls = []
+
+    def program(x):
+        calls.append(1)
+        summed, ys = jax.lax.scan(lambda c, xi: (c + one(xi).sum(), one(xi)), jnp.float32(0), x)
+        picked = jax.lax.cond(x[0, 0, 0] > 0, one, lambda a: one(a) * 3, x[0])
+        return jax.vmap(one)(x), summed, ys, picked
+
+    spec = jax.ShapeDtypeStruct((4, 8, 128), jnp.float32)
+    traced = TracedProgram.trace(program, [spec])
+    assert len(traced.pallas_calls()) == 5 and len(calls) == 1
+    x = np.random.default_rng(0).standard_normal((4, 8, 128)).astype(np.float32)
+    batched, summed, ys, picked = jax.jit(replay(traced, interpret=pltpu.InterpretParams()))(x)
+    np.testing.assert_allclose(batched, 2 * x, rtol=1e-6)
+    np.testing.assert_allclose(ys, 2 * x, rtol=1e-6)
+    np.testing.assert_allclose(summed, (2 * x).sum(), rtol=1e-4)
+    np.testing.assert_allclose(picked, (2 if x[0, 0, 0] > 0 else 6) * x[0], rtol=1e-6)
+    jax.jit(replay(traced)).trace(spec).lower(lowering_platforms=("tpu",))
+    assert len(calls) == 1  # neither running nor lowering called the Python again
