@@ -72,6 +72,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per worker step")
     p.add_argument("--json", action="store_true", help="print the verdict record(s) as JSON")
+    p.add_argument("--exact-dots", action="store_true",
+                   help="interpret mode: compute f32 dots in kernels exactly, not as a TPU does "
+                        "at default precision (one bf16 pass)")
 
 
 def _evaluator(args: argparse.Namespace, workers: int = 1):
@@ -80,7 +83,8 @@ def _evaluator(args: argparse.Namespace, workers: int = 1):
 
     limits = Limits() if args.timeout is None else Limits(step_timeout_s=args.timeout)
     try:
-        return Evaluator(backend=args.backend, workers=workers, limits=limits, generation=args.tpu)
+        return Evaluator(backend=args.backend, workers=workers, limits=limits, generation=args.tpu,
+                         tpu_numerics=not args.exact_dots)
     except ValueError as exc:  # e.g. tpu-compile without libtpu installed
         raise UsageError(str(exc)) from None
 

@@ -18,6 +18,9 @@ class Comparison:
     worst_index: list[int]
     nonfinite: int
     reason: str  # empty when ok
+    # The largest error relative to its bound, element-wise or L2 (1.0 = at the tolerance):
+    # how close an honest kernel comes to failing (benchmarks/seed_stability.py).
+    bound_ratio: float = 0.0
 
 
 def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Comparison:
@@ -42,13 +45,21 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Comparison:
     finite_rel = rel[np.isfinite(rel)]
     max_rel = float(finite_rel.max()) if finite_rel.size else 0.0
     mismatch = float(np.mean(bad)) if bad.size else 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        element_ratio = float(np.max(np.where(allowed > 0, err / allowed, np.where(err > 0, np.inf, 0.0)))) \
+            if err.size else 0.0
+    l2_ratio = rel_l2 / tol.rel_l2 if tol.rel_l2 > 0 else (0.0 if rel_l2 == 0 else float("inf"))
+    bound_ratio = max(element_ratio, l2_ratio)
     reasons = []
     if nonfinite:
         reasons.append(f"{nonfinite} non-finite values (NaN/inf)")
     if mismatch > 0:
-        reasons.append(f"{mismatch:.1%} of elements outside tolerance")
+        n_bad = int(np.count_nonzero(bad))
+        reasons.append(f"{n_bad} of {bad.size} elements outside tolerance"
+                       if mismatch < 0.001 else f"{mismatch:.1%} of elements outside tolerance")
     if rel_l2 > tol.rel_l2:
         reasons.append(f"relative L2 error {rel_l2:.3g} > {tol.rel_l2:g}")
     return Comparison(ok=not reasons, max_abs_err=max_abs, max_rel_err=max_rel, rel_l2_err=rel_l2,
                       mismatch_fraction=mismatch, worst_index=[int(i) for i in worst],
-                      nonfinite=nonfinite, reason="; ".join(reasons))
+                      nonfinite=nonfinite, reason="; ".join(reasons),
+                      bound_ratio=bound_ratio if np.isfinite(bound_ratio) else float("inf"))

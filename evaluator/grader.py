@@ -39,7 +39,8 @@ class Evaluator:
 
     def __init__(self, backend: str | None = None, workers: int = 1, limits: Limits = Limits(),
                  generation: str = DEFAULT_GENERATION, n_seeds: int = 2,
-                 pool: WorkerPool | None = None, stop_at_first_failure: bool = False):
+                 pool: WorkerPool | None = None, stop_at_first_failure: bool = False,
+                 tpu_numerics: bool = True):
         self.backend = get_backend(backend or default_backend())
         if generation not in GENERATIONS:
             raise ValueError(f"unknown TPU generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
@@ -47,10 +48,22 @@ class Evaluator:
         self.n_seeds = n_seeds
         # Confirming that a kernel fails needs one failing case; data_gen sets this to save time.
         self.stop_at_first_failure = stop_at_first_failure
+        # Interpret mode computes a kernel's f32 dots as a TPU does (one bf16 pass) unless
+        # turned off; on a real TPU the chip decides (evaluator/program.py, tpu_dot_numerics).
+        self.tpu_numerics = tpu_numerics
         # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
         self.pool = pool or WorkerPool(self.backend, size=workers, limits=limits)
         self.references = ReferenceCache()
         self.workers = workers
+
+    @property
+    def numerics(self) -> str:
+        """How kernel dots were computed, so a CPU verdict can be set beside a TPU one."""
+        if not self.backend.interpret:
+            return "tpu-hardware"
+        if self.tpu_numerics:
+            return "tpu-default-precision (f32 dot operands rounded to bf16, f32 accumulation)"
+        return "exact-f32 (CPU)"
 
     def grade(self, task: Task | str, answer: str, split: str = "train",
               seed: int | None = None) -> Verdict:
@@ -64,9 +77,11 @@ class Evaluator:
                              generation=self.generation,
                              base_seed=secrets.randbits(31) if seed is None else seed,
                              n_seeds=self.n_seeds, references=self.references, verdict=verdict,
-                             stop_at_first_failure=self.stop_at_first_failure)
+                             stop_at_first_failure=self.stop_at_first_failure,
+                             tpu_numerics=self.tpu_numerics)
         verdict.details["base_seed"] = ctx.base_seed
         verdict.details["tpu_generation"] = self.generation.name
+        verdict.details["numerics"] = self.numerics
         failure = self._run_stages(ctx)
         if failure is None:
             verdict.status, verdict.stage, verdict.message = "correct", "done", correct_message(ctx)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+
+from evaluator import intervals
 
 # Rationale: a matmul or convolution outside a kernel *is* the task for most of the suite,
 # whatever its size, so it is refused outright rather than weighed by cost.
@@ -26,6 +28,11 @@ DATA_MOVEMENT_PRIMITIVES = frozenset({
     "reduce_precision", "device_put", "split", "sharding_constraint", "stop_gradient",
     "optimization_barrier", "pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
     "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint", "name", "empty",
+    # Inside kernels: loads and stores of refs (VMEM/SMEM <-> registers), lane rotations,
+    # bitcasts and grid queries. Counted as arithmetic, a kernel that only loads a block and
+    # stores zeros would score 2 FLOPs per element, 40% of a softmax's.
+    "get", "swap", "masked_load", "masked_swap", "roll", "bitcast", "multiple_of",
+    "program_id", "num_programs",
 })
 TRANSCENDENTAL_PRIMITIVES = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "rsqrt",
@@ -63,6 +70,19 @@ class PallasCallInfo:
     kernel_primitives: list[str]
     flops_per_step: float = 0.0       # traffic analysis only
     dma_bytes_per_step: float = 0.0   # traffic analysis only
+    # A while loop in the body has no known maximum trip count and was counted once, so
+    # flops_per_step and dma_bytes_per_step are lower bounds (traffic analysis only).
+    data_dependent_trips: bool = False
+    runs: float = 1.0  # times the call runs: trip counts of the loops around it, outside kernels
+
+    @property
+    def grid_steps(self) -> int:
+        return math.prod(max(g, 1) for g in self.grid) if self.grid else 1
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of every run of the kernel (traffic analysis only, else 0)."""
+        return self.flops_per_step * self.grid_steps * self.runs
 
 
 @dataclass
@@ -75,6 +95,8 @@ class OutsideCost:
     heavy_ops: list[str] = field(default_factory=list)
     callbacks: list[str] = field(default_factory=list)
     top_ops: dict[str, float] = field(default_factory=dict)  # primitive -> flops, for feedback
+    # A while loop with no known maximum trip count was counted once: flops are a lower bound.
+    data_dependent_trips: bool = False
 
 
 @dataclass
@@ -83,15 +105,29 @@ class TraceSummary:
     outside: OutsideCost
     out_shapes: list[tuple[list[int], str]]
 
+    @property
+    def kernel_flops(self) -> float:
+        """FLOPs inside all kernels (flops per grid step x grid steps x runs, summed), to set
+        against the reference's; 0 unless summarize ran with traffic=True."""
+        return sum(call.flops for call in self.pallas_calls)
 
-def summarize(closed_jaxpr: Any, traffic: bool = False) -> TraceSummary:
+
+def summarize(closed_jaxpr: Any, traffic: bool = False,
+              arg_bounds: Sequence[Sequence[int] | None] | None = None) -> TraceSummary:
     """Summarise a ClosedJaxpr from `jax.make_jaxpr`; `traffic` adds what each kernel moves
-    and computes (evaluator/traffic.py), for the performance model at bench sizes."""
-    eqns: list[Any] = []
+    and computes (evaluator/traffic.py), for the performance model at bench sizes.
+
+    `arg_bounds`, aligned with the jaxpr's invars (kernel()'s arguments), gives inclusive
+    (lo, hi) bounds of integer inputs or None (`Task.arg_bounds(case)`). They reach each
+    kernel's scalar-prefetch operands, so that loops whose trip count depends on that data
+    count at their maximum (evaluator/intervals.py); without them such loops count once."""
+    bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
+    calls: list[tuple[Any, float]] = []
     cost = OutsideCost()
-    _walk(closed_jaxpr.jaxpr, 1.0, eqns, cost)
+    _walk(closed_jaxpr.jaxpr, 1.0, calls, cost, trips=bounds.loop_trips)
     outs = [(list(v.aval.shape), str(v.aval.dtype)) for v in closed_jaxpr.jaxpr.outvars]
-    return TraceSummary([_pallas_info(e, traffic) for e in eqns], cost, outs)
+    infos = [_pallas_info(e, traffic, runs, bounds.pallas_operands.get(id(e))) for e, runs in calls]
+    return TraceSummary(infos, cost, outs)
 
 
 def dot_flops(eqn: Any) -> float:
@@ -104,42 +140,67 @@ def dot_flops(eqn: Any) -> float:
     if eqn.primitive.name.startswith("ragged_dot"):
         lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
         return 2.0 * lhs[0] * lhs[-1] * rhs[-1]
-    # Convolutions and the rest: a lower bound is enough, they are refused anyway.
-    return 2.0 * sum(_size(v.aval) for v in eqn.outvars)
+    if eqn.primitive.name == "conv_general_dilated":
+        return conv_flops(eqn)
+    return 2.0 * sum(_size(v.aval) for v in eqn.outvars)  # a lower bound for anything else
 
 
-def total_flops(closed_jaxpr: Any) -> float:
+def conv_flops(eqn: Any) -> float:
+    """2 * output size * (kernel window x input features per group): each output element is
+    a dot product over the kernel's window and its group's input features, i.e. over every
+    rhs element but the output-feature axis. (Taps that fall on padding count too, as in
+    XLA's cost analysis.)"""
+    rhs_shape = eqn.invars[1].aval.shape
+    rhs_spec = eqn.params["dimension_numbers"].rhs_spec  # (out features, in features, *window)
+    per_output = math.prod(rhs_shape) // max(int(rhs_shape[rhs_spec[0]]), 1)
+    return 2.0 * _size(eqn.outvars[0].aval) * per_output
+
+
+def total_flops(closed_jaxpr: Any,
+                arg_bounds: Sequence[Sequence[int] | None] | None = None) -> float:
     """FLOPs of a whole program with no kernels (the reference), matmuls included."""
+    bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
     cost = OutsideCost()
-    _walk(closed_jaxpr.jaxpr, 1.0, [], cost, count_heavy=True)
+    _walk(closed_jaxpr.jaxpr, 1.0, [], cost, count_heavy=True, trips=bounds.loop_trips)
     return cost.flops
 
 
-def _walk(jaxpr: Any, mult: float, calls: list[Any], cost: OutsideCost,
-          count_heavy: bool = False) -> None:
-    """Cost everything outside pallas_calls into `cost`; collect the pallas_call eqns."""
+def walk_cost(jaxpr: Any, trips: Mapping[int, int | None] | None = None) -> OutsideCost:
+    """Everything a jaxpr computes, matmuls included (a kernel body), with while loops at the
+    trip counts in `trips` (id(eqn) -> maximum trips, evaluator/intervals.py)."""
+    cost = OutsideCost()
+    _walk(jaxpr, 1.0, [], cost, count_heavy=True, trips=trips)
+    return cost
+
+
+def _walk(jaxpr: Any, mult: float, calls: list[tuple[Any, float]], cost: OutsideCost,
+          count_heavy: bool = False, trips: Mapping[int, int | None] | None = None) -> None:
+    """Cost everything outside pallas_calls into `cost`; collect the pallas_call eqns with
+    the number of times each runs."""
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "pallas_call":
-            calls.append(eqn)
+            calls.append((eqn, mult))
             continue
         if name in CALLBACK_PRIMITIVES:
             cost.callbacks.append(name)
             continue
-        sub = list(_sub_jaxprs(eqn))
+        sub = list(sub_jaxprs(eqn))
         if sub:
-            inner_mult = mult * _trip_count(eqn)
+            count, known = trip_count(eqn, trips)
+            cost.data_dependent_trips |= not known
+            inner_mult = mult * count
             if name == "cond":  # one branch runs: charge the dearest
                 branch_costs = []
                 for j in sub:
                     c = OutsideCost()
-                    _walk(j, inner_mult, calls, c, count_heavy)
+                    _walk(j, inner_mult, calls, c, count_heavy, trips)
                     branch_costs.append(c)
                 worst = max(branch_costs, key=lambda c: c.flops)
                 _merge(cost, worst, branch_costs)
             else:
                 for j in sub:
-                    _walk(j, inner_mult, calls, cost, count_heavy)
+                    _walk(j, inner_mult, calls, cost, count_heavy, trips)
             continue
         if not _is_free(eqn):
             nbytes = sum(_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
@@ -181,15 +242,23 @@ def _merge(into: OutsideCost, worst: OutsideCost, all_costs: list[OutsideCost]) 
     for c in all_costs:  # a heavy op or callback in any branch counts
         into.heavy_ops.extend(c.heavy_ops)
         into.callbacks.extend(c.callbacks)
+        into.data_dependent_trips |= c.data_dependent_trips
 
 
-def _trip_count(eqn: Any) -> float:
+def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple[float, bool]:
+    """(times the sub-jaxprs of eqn run, whether that is known). A scan runs `length` times;
+    a while loop its maximum trip count from `trips` (evaluator/intervals.py), else once,
+    unknown; anything else (cond, calls) once."""
     if eqn.primitive.name == "scan":
-        return float(eqn.params.get("length", 1))
-    return 1.0  # while loops: unknown trips, charged once
+        return float(eqn.params.get("length", 1)), True
+    if eqn.primitive.name == "while":
+        n = (trips or {}).get(id(eqn))
+        return (1.0, False) if n is None else (float(n), True)
+    return 1.0, True
 
 
-def _sub_jaxprs(eqn: Any) -> Iterator[Any]:
+def sub_jaxprs(eqn: Any) -> Iterator[Any]:
+    """The jaxprs inside an eqn's parameters (loop bodies, cond branches, called functions)."""
     for value in eqn.params.values():
         for item in value if isinstance(value, (tuple, list)) else (value,):
             if hasattr(item, "jaxpr") and hasattr(item, "consts"):  # ClosedJaxpr
@@ -198,7 +267,8 @@ def _sub_jaxprs(eqn: Any) -> Iterator[Any]:
                 yield item
 
 
-def _pallas_info(eqn: Any, traffic: bool = False) -> PallasCallInfo:
+def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
+                 operand_bounds: list[intervals.Interval] | None = None) -> PallasCallInfo:
     from evaluator import traffic as traffic_analysis
 
     gm = eqn.params["grid_mapping"]
@@ -227,7 +297,10 @@ def _pallas_info(eqn: Any, traffic: bool = False) -> PallasCallInfo:
         params = params.get("mosaic_tpu") or params.get("mosaic")
     semantics = getattr(params, "dimension_semantics", None)
     kernel_jaxpr = eqn.params["jaxpr"]
-    flops, dma = traffic_analysis.kernel_cost_per_step(kernel_jaxpr) if traffic else (0.0, 0.0)
+    step = traffic_analysis.StepCost()
+    if traffic:
+        step = traffic_analysis.kernel_cost_per_step(
+            kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds))
     return PallasCallInfo(
         name=_kernel_name(eqn),
         grid=list(grid),
@@ -237,8 +310,10 @@ def _pallas_info(eqn: Any, traffic: bool = False) -> PallasCallInfo:
         dimension_semantics=[_semantics_name(s) for s in semantics] if semantics else None,
         vmem_limit_bytes=getattr(params, "vmem_limit_bytes", None),
         kernel_primitives=sorted(_all_primitives(kernel_jaxpr)),
-        flops_per_step=flops,
-        dma_bytes_per_step=dma,
+        flops_per_step=step.flops,
+        dma_bytes_per_step=step.dma_bytes,
+        data_dependent_trips=step.data_dependent_trips,
+        runs=runs,
     )
 
 
@@ -255,7 +330,7 @@ def _all_primitives(jaxpr: Any) -> set[str]:
     names: set[str] = set()
     for eqn in jaxpr.eqns:
         names.add(eqn.primitive.name)
-        for sub in _sub_jaxprs(eqn):
+        for sub in sub_jaxprs(eqn):
             names |= _all_primitives(sub)
     return names
 

@@ -7,7 +7,8 @@ each input read once, each output written once, the reference's FLOPs. Assumptio
 docs/performance-model.md: one roofline per pallas_call (time = max(FLOPs / peak,
 bytes / bandwidth)), kernels run one after another, glue outside kernels costs its bytes,
 all matmul FLOPs run at the bf16 peak, blocks whose index maps read prefetched scalars are
-charged a fetch on every grid step, a manual DMA moves its destination buffer's size.
+charged a fetch on every grid step, a manual DMA moves its (indexed) destination's bytes, a
+loop whose trip count depends on data runs its maximum number of times (evaluator/intervals.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class KernelEstimate:
     flops: float
     time_s: float
     data_dependent: bool  # some index maps read prefetched scalars: traffic is an upper bound
+    # A loop in the body has no known maximum trip count and counted once: the FLOPs and DMA
+    # bytes are lower bounds.
+    data_dependent_trips: bool = False
 
 
 @dataclass
@@ -44,16 +48,23 @@ class PerfEstimate:
     bound: str  # "memory" or "compute", for the estimate
     kernels: list[KernelEstimate]
 
+    @property
+    def lower_bound(self) -> bool:
+        """Some kernel loop ran an unknown number of times and counted once."""
+        return any(k.data_dependent_trips for k in self.kernels)
+
     def summary(self) -> str:
         mib = 1 << 20
+        caveat = (" (a lower bound: a kernel loop's trip count depends on data the model cannot "
+                  "bound)" if self.lower_bound else "")
         return (f"static estimate on {self.generation} at {self.case}: {self.time_s * 1e3:.3g} ms "
                 f"({self.bound}-bound, {self.hbm_bytes / mib:,.0f} MiB moved, "
-                f"{self.flops / 1e9:,.1f} GFLOP), {self.slowdown_vs_ideal:.2f}x the ideal kernel's "
-                f"{self.ideal_time_s * 1e3:.3g} ms ({self.ideal_bytes / mib:,.0f} MiB)")
+                f"{self.flops / 1e9:,.1f} GFLOP){caveat}, {self.slowdown_vs_ideal:.2f}x the ideal "
+                f"kernel's {self.ideal_time_s * 1e3:.3g} ms ({self.ideal_bytes / mib:,.0f} MiB)")
 
 
 def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
-    steps = math.prod(max(g, 1) for g in call.grid) if call.grid else 1
+    steps = call.grid_steps
     moved, data_dependent = 0.0, False
     for block in call.blocks:
         if block.memory_space != "vmem":
@@ -62,9 +73,10 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
         if fetches is None:
             fetches, data_dependent = steps, True
         moved += fetches * math.prod(block.block_shape) * np_dtype(block.dtype).itemsize
-    moved += call.dma_bytes_per_step * steps
-    flops = call.flops_per_step * steps
-    return KernelEstimate(call.name, steps, moved, flops, roofline(flops, moved, gen), data_dependent)
+    moved = (moved + call.dma_bytes_per_step * steps) * call.runs
+    flops = call.flops
+    return KernelEstimate(call.name, steps, moved, flops, roofline(flops, moved, gen), data_dependent,
+                          call.data_dependent_trips)
 
 
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference_flops: float,

@@ -46,13 +46,16 @@ class TracedProgram:
         return list(_pallas_eqns(self.closed.jaxpr))
 
 
-def replay(program: TracedProgram, interpret: Any = None) -> Callable[..., Any]:
+def replay(program: TracedProgram, interpret: Any = None,
+           tpu_numerics: bool = False) -> Callable[..., Any]:
     """A function of kernel()'s arguments that evaluates the traced program.
 
     `interpret`: None keeps every pallas_call as traced (for TPU lowering, compiling, timing);
-    otherwise each is issued with `interpret=<this>` (e.g. pltpu.InterpretParams(...)).
+    otherwise each is issued with `interpret=<this>` (e.g. pltpu.InterpretParams(...)), and
+    with `tpu_numerics` its dots compute as a TPU's MXU does (tpu_dot_numerics).
     """
-    fix = None if interpret is None else partial(interpret_call_params, interpret=interpret)
+    fix = None if interpret is None else partial(interpret_call_params, interpret=interpret,
+                                                 tpu_numerics=tpu_numerics)
 
     def run(*args: Any) -> Any:
         flat = jax.tree_util.tree_leaves(args)
@@ -62,8 +65,9 @@ def replay(program: TracedProgram, interpret: Any = None) -> Callable[..., Any]:
     return run
 
 
-def interpret_call_params(params: dict[str, Any], interpret: Any) -> dict[str, Any]:
-    """A pallas_call's parameters for interpret mode.
+def interpret_call_params(params: dict[str, Any], interpret: Any,
+                          tpu_numerics: bool = False) -> dict[str, Any]:
+    """A pallas_call's parameters for interpret mode (`tpu_numerics`: see tpu_dot_numerics).
 
     vmap adds its batch axes to the grid but not to `dimension_semantics`; Mosaic marks those
     axes "parallel" when it lowers (jax/_src/pallas/mosaic/lowering.py), while TPU interpret
@@ -71,6 +75,8 @@ def interpret_call_params(params: dict[str, Any], interpret: Any) -> dict[str, A
     so a kernel that lowers for TPU also runs here.
     """
     new = dict(params, interpret=interpret)
+    if tpu_numerics:
+        new["jaxpr"] = tpu_dot_numerics(params["jaxpr"])
     vmapped = tuple(getattr(params["grid_mapping"], "vmapped_dims", ()) or ())
     compiler_params = params.get("compiler_params")
     semantics = getattr(compiler_params, "dimension_semantics", None)
@@ -180,3 +186,57 @@ def _pallas_eqns(jaxpr: Any) -> Any:
             yield eqn
         else:
             yield from _pallas_eqns_in_params(eqn.params)
+
+
+# --- TPU numerics for dots inside kernels ----------------------------------------------------
+# On a CPU a kernel's f32 `dot_general` is exact f32. On a TPU, Mosaic lowers a dot at DEFAULT
+# precision without a contract-precision attribute (jax/_src/pallas/mosaic/lowering.py,
+# `_dot_general_lowering_rule`), and the MXU then takes f32 operands as bfloat16: one pass,
+# f32 accumulation. Precision.HIGHEST becomes `#tpu.contract_precision<fp32>` (full f32);
+# other settings do not lower. So in interpret mode, f32 operands of a DEFAULT-precision dot
+# are rounded to bfloat16 (round to nearest even) and the dot accumulates in f32 as before.
+_BF16_BITS = {"exponent_bits": 8, "mantissa_bits": 7}
+
+
+def tpu_dot_numerics(jaxpr: Any) -> Any:
+    """The kernel jaxpr with every DEFAULT-precision f32 dot's operands rounded to bf16."""
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
+        if any(params[k] is not eqn.params[k] for k in params):
+            eqn, changed = eqn.replace(params=params), True
+        if eqn.primitive.name == "dot_general" and _default_precision(eqn.params.get("precision")):
+            operands = []
+            for var in eqn.invars[:2]:
+                if isinstance(var, jcore.Var) and str(var.aval.dtype) == "float32":
+                    rounded = jcore.Var(var.aval)
+                    eqns.append(jcore.new_jaxpr_eqn([var], [rounded], lax.reduce_precision_p,
+                                                    dict(_BF16_BITS), jcore.no_effects,
+                                                    eqn.source_info))
+                    operands.append(rounded)
+                    changed = True
+                else:
+                    operands.append(var)
+            eqn = eqn.replace(invars=[*operands, *eqn.invars[2:]])
+        eqns.append(eqn)
+    return jaxpr.replace(eqns=eqns) if changed else jaxpr
+
+
+def _rewrite_param(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        items = [_rewrite_param(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+    if hasattr(value, "jaxpr") and hasattr(value, "consts"):  # ClosedJaxpr
+        inner = tpu_dot_numerics(value.jaxpr)
+        return value if inner is value.jaxpr else value.replace(jaxpr=inner)
+    if hasattr(value, "eqns") and hasattr(value, "invars"):  # Jaxpr
+        return tpu_dot_numerics(value)
+    return value
+
+
+def _default_precision(precision: Any) -> bool:
+    """DEFAULT precision (None, or DEFAULT for both operands); not an explicit algorithm."""
+    if precision is None:
+        return True
+    values = precision if isinstance(precision, (tuple, list)) else (precision,)
+    return all(v is None or v == lax.Precision.DEFAULT for v in values)

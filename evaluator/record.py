@@ -43,6 +43,7 @@ class CaseResult:
     rel_l2_err: float | None = None
     mismatch_fraction: float | None = None
     worst_index: list[int] | None = None  # where max |out - ref| / allowed is largest
+    bound_ratio: float | None = None  # largest error / its bound over the seeds (1.0 = at tolerance)
     error: str | None = None  # first lines of the real error, if any
     run_s: float | None = None
 

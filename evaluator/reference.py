@@ -79,7 +79,7 @@ class ReferenceCache:
         jax = _jax()
         specs = [jax.ShapeDtypeStruct(a.shape, "float32" if _is_float(a.dtype) else a.dtype)
                  for a in task.arg_specs(case)]
-        value = total_flops(jax.make_jaxpr(task.reference)(*specs))
+        value = total_flops(jax.make_jaxpr(task.reference)(*specs), task.arg_bounds(case))
         with self._lock:
             self._flops[key] = value
         return value

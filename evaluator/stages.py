@@ -7,7 +7,6 @@ evaluator/worker.py) and judge what it reports. Adding a stage is adding one ent
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -61,6 +60,7 @@ class GradingContext:
     verdict: Verdict
     worker: Worker | None = None
     stop_at_first_failure: bool = False  # run stage: skip the remaining cases once one fails
+    tpu_numerics: bool = True  # interpret mode: dots in kernels as the TPU's MXU computes them
     source: str = ""
     summaries: dict[str, TraceSummary] = field(default_factory=dict)
     origins: dict[str, list[KernelOrigin]] = field(default_factory=dict)
@@ -76,8 +76,10 @@ class GradingContext:
 
 
 def case_request(task: Task, case: Case) -> dict[str, Any]:
-    """What a worker needs to trace, lower or compile a case: its name and argument specs."""
-    return {"name": case.name, "args": [[list(a.shape), a.dtype] for a in task.arg_specs(case)]}
+    """What a worker needs to trace, lower or compile a case: its name, argument specs and the
+    bounds of its integer inputs (so data-dependent loops count at their maximum)."""
+    return {"name": case.name, "args": [[list(a.shape), a.dtype] for a in task.arg_specs(case)],
+            "arg_bounds": task.arg_bounds(case)}
 
 
 # --- 1. extract ---------------------------------------------------------------------------
@@ -190,7 +192,7 @@ def _missing_work(summary: TraceSummary, ref_flops: float, case: Case) -> Failur
     """At a bench size (traced and lowered, timed on a TPU, never compared on a CPU) the
     kernels must still do the task's arithmetic: a kernel that is right only where it is
     checked does its real work at check sizes alone."""
-    inside = sum(c.flops_per_step * math.prod(max(g, 1) for g in c.grid) for c in summary.pallas_calls)
+    inside = summary.kernel_flops
     if inside >= INSIDE_FLOPS_SHARE * ref_flops:
         return None
     return Failure("work_outside_kernel", f"at case {case.describe()} the Pallas kernels perform "
@@ -329,11 +331,13 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
     task = ctx.task
     inputs_per_seed = [ctx.references.inputs(task, case, s) for s in result.seeds]
     arrays = [a for inputs in inputs_per_seed for a in inputs]
-    reply, outputs = ctx.worker.call({"cmd": "run", "case": case.name, "nargs": len(inputs_per_seed[0])},
+    reply, outputs = ctx.worker.call({"cmd": "run", "case": case.name, "nargs": len(inputs_per_seed[0]),
+                                      "tpu_numerics": ctx.tpu_numerics},
                                      arrays, what=f"running case {case.name}")
     expected = list(task.out_specs(case))
     offset, run_s = 0, 0.0
     worst = None  # (comparison, seed, output index, out, ref): the failing one, else the largest error
+    result.bound_ratio = 0.0
     for seed, seed_result in zip(result.seeds, reply["results"]):
         if not seed_result["ok"]:
             result.error = f"{seed_result['error_type']}: {seed_result['error'].rstrip('.')}"
@@ -349,6 +353,7 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
                                           f"{shape_problem}.")
         for i, (out, ref) in enumerate(zip(got, ctx.references.outputs_for(task, case, seed))):
             cmp = compare(out, ref, task.tolerances[case.dtype])
+            result.bound_ratio = max(result.bound_ratio, cmp.bound_ratio)
             if worst is None or not cmp.ok or cmp.rel_l2_err > worst[0].rel_l2_err:
                 worst = (cmp, seed, i, out, ref)
             if not cmp.ok:

@@ -226,21 +226,23 @@ def _trace(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]
             etype, text = describe_exception(exc, state.source_lines)
             return {"ok": False, "case": case["name"], "error_type": etype, "error": text}, []
         state.programs[case["name"]] = program
-        summary = summarize(program.closed, traffic=case.get("traffic", False))  # our code: bugs raise
+        summary = summarize(program.closed, traffic=case.get("traffic", False),  # our code: bugs raise
+                            arg_bounds=case.get("arg_bounds"))
         origins = kernel_origins(program.pallas_calls())
         summaries.append({"case": case["name"], **dataclasses.asdict(summary),
                           "origins": [dataclasses.asdict(o) for o in origins]})
     return {"ok": True, "summaries": summaries}, []
 
 
-def _replayed(state: _WorkerState, case_name: str, interpret: Any = None) -> Callable[..., Any]:
+def _replayed(state: _WorkerState, case_name: str, interpret: Any = None,
+              tpu_numerics: bool = False) -> Callable[..., Any]:
     import jax
 
     from evaluator.program import replay
 
     if case_name not in state.programs:
         raise KeyError(f"case {case_name!r} was not traced before it was used")
-    return jax.jit(replay(state.programs[case_name], interpret=interpret))
+    return jax.jit(replay(state.programs[case_name], interpret=interpret, tpu_numerics=tpu_numerics))
 
 
 def _lower(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
@@ -329,7 +331,7 @@ def _run(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
     import numpy as np
 
     nargs = header["nargs"]
-    runner = _case_runner(state, header["case"])
+    runner = _case_runner(state, header["case"], header.get("tpu_numerics", False))
     outputs, results = [], []
     for s in range(len(arrays) // nargs):
         inputs = arrays[s * nargs:(s + 1) * nargs]
@@ -358,18 +360,20 @@ def _run(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
     return {"ok": True, "results": results}, outputs
 
 
-def _case_runner(state: _WorkerState, case_name: str) -> Callable[..., Any]:
+def _case_runner(state: _WorkerState, case_name: str, tpu_numerics: bool = False) -> Callable[..., Any]:
     """The case's traced program, jitted once; under the evaluator's TPU interpret mode when
-    this backend interprets (every pallas_call re-issued with these parameters)."""
-    if case_name not in state.runners:
+    this backend interprets (every pallas_call re-issued with these parameters), with dots
+    computed as the TPU computes them when `tpu_numerics` (evaluator/program.py)."""
+    key = f"{case_name}|{tpu_numerics}"
+    if key not in state.runners:
         interpret = None
         if state.interpret:
             from jax.experimental.pallas import tpu as pltpu
 
             interpret = pltpu.InterpretParams(detect_races=True, out_of_bounds_reads="raise",
                                               uninitialized_memory="nan")
-        state.runners[case_name] = _replayed(state, case_name, interpret)
-    return state.runners[case_name]
+        state.runners[key] = _replayed(state, case_name, interpret, tpu_numerics)
+    return state.runners[key]
 
 
 def _reset_interpret_state() -> None:

@@ -252,3 +252,53 @@ def test_replay_runs_the_traced_jaxpr_through_control_flow():
     np.testing.assert_allclose(picked, (2 if x[0, 0, 0] > 0 else 6) * x[0], rtol=1e-6)
     jax.jit(replay(traced)).trace(spec).lower(lowering_platforms=("tpu",))
     assert len(calls) == 1  # neither running nor lowering called the Python again
+
+
+def _matmul_program(precision):
+    from jax.experimental import pallas as pl
+
+    from evaluator.program import TracedProgram
+
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32,
+                             precision=precision)
+
+    def kernel(x, y):
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]),
+                                                                   jnp.float32))(x, y)
+
+    specs = [jax.ShapeDtypeStruct((256, 512), jnp.float32), jax.ShapeDtypeStruct((512, 256), jnp.float32)]
+    return TracedProgram.trace(kernel, specs)
+
+
+@pytest.mark.parametrize("precision,tpu_numerics,expect_bf16", [
+    (None, True, True),                          # DEFAULT: the MXU takes f32 operands as bf16
+    (jax.lax.Precision.HIGHEST, True, False),    # contract_precision<fp32>: full f32
+    (None, False, False),                        # --exact-dots: the CPU's exact f32
+])
+def test_tpu_numerics_round_default_precision_dots_to_one_bf16_pass(precision, tpu_numerics, expect_bf16):
+    from jax.experimental.pallas import tpu as pltpu
+
+    from evaluator.program import replay
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 512)).astype(np.float32)
+    y = (rng.standard_normal((512, 256)) / np.sqrt(512)).astype(np.float32)
+    run = jax.jit(replay(_matmul_program(precision), interpret=pltpu.InterpretParams(),
+                         tpu_numerics=tpu_numerics))
+    out = np.asarray(run(x, y), np.float64)
+    # What one bf16 pass with f32 accumulation gives, computed here without Pallas.
+    bf16 = np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32), np.float64) @ \
+        np.asarray(jnp.asarray(y).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    exact = x.astype(np.float64) @ y.astype(np.float64)
+    err_exact = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+    if expect_bf16:
+        assert np.linalg.norm(out - bf16) / np.linalg.norm(bf16) < 1e-5
+        assert 1e-3 < err_exact < 5e-3  # the measured one-pass error, 2.35e-3
+    else:
+        assert err_exact < 1e-5
+
+
+def test_the_verdict_says_which_numerics_it_used(evaluator):
+    verdict = evaluator.grade("softmax", "no code here")
+    assert verdict.details["numerics"].startswith("tpu-default-precision")

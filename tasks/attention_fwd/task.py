@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 # q and k scaled so the logits have std ~2.25: the softmax is peaky (a few keys dominate each row),
@@ -85,6 +85,7 @@ def build_task(*, name: str, description: str, reference_fn, solution_path: Path
         cases=tuple(CASES),
         solution_path=solution_path,
         required_features=(),
+        tolerances=dict(ATTENTION_TOLERANCES),
     )
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -56,5 +56,6 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    tolerances=dict(MXU_TOLERANCES),
     required_features=("parallel_grid",),
 )

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 _INT8_STD = 127 / np.sqrt(3)  # std of integers uniform on [-127, 127]
@@ -24,6 +24,11 @@ def arg_specs(case: Case) -> list[ArgSpec]:
 
 def out_specs(case: Case) -> list[ArgSpec]:
     return [ArgSpec((case.dims["m"], case.dims["n"]), case.dtype)]
+
+
+def int_bounds(case: Case) -> list[tuple[int, int] | None]:
+    """Symmetric int8 weights."""
+    return [None, (-127, 127), None]
 
 
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -56,7 +61,9 @@ TASK = Task(
     reference=reference,
     arg_specs=arg_specs,
     make_inputs=make_inputs,
+    int_bounds=int_bounds,
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    tolerances=dict(MXU_TOLERANCES),
 )

@@ -37,6 +37,11 @@ def out_specs(case: Case) -> list[ArgSpec]:
     return [ArgSpec((), "float32")]
 
 
+def int_bounds(case: Case) -> list[tuple[int, int] | None]:
+    """Labels index the vocabulary."""
+    return [None, None, (0, case.dims["v"] - 1)]
+
+
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     m, d, v = case.dims["m"], case.dims["d"], case.dims["v"]
     # Logits ~ N(-8, 2^2): feature 0 of h is the constant 1 and row 0 of w the constant -8
@@ -73,6 +78,7 @@ TASK = Task(
     reference=reference,
     arg_specs=arg_specs,
     make_inputs=make_inputs,
+    int_bounds=int_bounds,
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -57,4 +57,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    tolerances=dict(MXU_TOLERANCES),
 )

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -60,6 +60,11 @@ def group_sizes(case: Case, rng: np.random.Generator) -> np.ndarray:
     return sizes.astype(np.int32)
 
 
+def int_bounds(case: Case) -> list[tuple[int, int] | None]:
+    """Each group holds between none and all of the m rows."""
+    return [None, None, (0, case.dims["m"])]
+
+
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     lhs_spec, rhs_spec, _ = arg_specs(case)
     # rhs scaled by 1/sqrt(k) so every output element is O(1) whatever k is.
@@ -94,8 +99,10 @@ TASK = Task(
     reference=reference,
     arg_specs=arg_specs,
     make_inputs=make_inputs,
+    int_bounds=int_bounds,
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    tolerances=dict(MXU_TOLERANCES),
     required_features=("scalar_prefetch",),
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import DEFAULT_TOLERANCES, ArgSpec, Case, Task, Tolerance, case_grid, normal
+from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, Tolerance, case_grid, normal
 
 _DTYPES = ("bfloat16", "float32")
 
@@ -59,6 +59,6 @@ TASK = Task(
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
     # bf16 products are exact in f32: only f32 summation-order error remains (~1e-6).
-    tolerances={"float32": DEFAULT_TOLERANCES["float32"],
+    tolerances={"float32": MXU_TOLERANCES["float32"],
                 "bfloat16": Tolerance(atol=1e-3, rtol=1e-3, rel_l2=2e-4)},
 )

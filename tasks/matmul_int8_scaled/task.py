@@ -29,6 +29,11 @@ def out_specs(case: Case) -> list[ArgSpec]:
     return [ArgSpec((case.dims["m"], case.dims["n"]), case.dtype)]
 
 
+def int_bounds(case: Case) -> list[tuple[int, int] | None]:
+    """Symmetric int8 x and w."""
+    return [(-127, 127), None, (-127, 127), None]
+
+
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     m, k, n = case.dims["m"], case.dims["k"], case.dims["n"]
     # Full-range int8 values (std ~73.6) and positive scales spread over [0.5, 1.5] / 127 per
@@ -62,6 +67,7 @@ TASK = Task(
     reference=reference,
     arg_specs=arg_specs,
     make_inputs=make_inputs,
+    int_bounds=int_bounds,
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tasks.attention_fwd.task import attention_reference
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 # As in attention_fwd: q and k scaled so the logits have std ~2.25 and the softmax is peaky,
@@ -67,5 +67,6 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    tolerances=dict(ATTENTION_TOLERANCES),
     required_features=(),
 )

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 # q and k scaled so the logits have std ~2.25: the softmax is peaky and the output is O(0.1-1)
@@ -76,6 +76,12 @@ def sequence_lengths(case: Case, rng: np.random.Generator) -> np.ndarray:
     return lengths.astype(np.int32)
 
 
+def int_bounds(case: Case) -> list[tuple[int, int] | None]:
+    """lengths in [1, pages_per_seq * page_size]; page indices name one of the pages."""
+    d = case.dims
+    return [None, None, None, (1, d["pages_per_seq"] * d["page_size"]), (0, d["pages"] - 1)]
+
+
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     q_spec, k_spec, v_spec, _, _ = arg_specs(case)
     b, pps, pages = case.dims["b"], case.dims["pages_per_seq"], case.dims["pages"]
@@ -125,8 +131,10 @@ TASK = Task(
     reference=reference,
     arg_specs=arg_specs,
     make_inputs=make_inputs,
+    int_bounds=int_bounds,
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    tolerances=dict(ATTENTION_TOLERANCES),
     required_features=("scalar_prefetch", "manual_dma"),
 )

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 # As in attention_fwd: q and k scaled so the softmax rows are peaky and outputs are O(0.1-1).
@@ -73,6 +73,11 @@ def draw_lengths(case: Case, rng: np.random.Generator) -> np.ndarray:
     return lengths
 
 
+def int_bounds(case: Case) -> list[tuple[int, int] | None]:
+    """lengths in [1, s]."""
+    return [None, None, None, (1, case.dims["s"])]
+
+
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     q_spec, k_spec, v_spec, _ = arg_specs(case)
     return (normal(rng, q_spec.shape, case.dtype, scale=_QK_SCALE),
@@ -106,9 +111,11 @@ TASK = Task(
     reference=reference,
     arg_specs=arg_specs,
     make_inputs=make_inputs,
+    int_bounds=int_bounds,
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    tolerances=dict(ATTENTION_TOLERANCES),
     required_features=("scalar_prefetch",),
     heldout_task=True,
 )
