@@ -274,6 +274,9 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
     gm = eqn.params["grid_mapping"]
     grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1 for g in gm.grid)
     static_grid = all(g >= 0 for g in grid)
+    # A grid dimension given by a traced value (megablox gmm's active tiles) counts at the
+    # bound of that operand where one is known; else it stays -1 (one step, a lower bound).
+    grid, unbounded_grid = _bounded_grid(grid, operand_bounds)
     n_in = gm.num_inputs
     blocks = []
     for i, bm in enumerate(gm.block_mappings):
@@ -312,9 +315,28 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         kernel_primitives=sorted(_all_primitives(kernel_jaxpr)),
         flops_per_step=step.flops,
         dma_bytes_per_step=step.dma_bytes,
-        data_dependent_trips=step.data_dependent_trips,
+        data_dependent_trips=step.data_dependent_trips or unbounded_grid,
         runs=runs,
     )
+
+
+def _bounded_grid(grid: tuple[int, ...], operand_bounds: list[intervals.Interval] | None
+                  ) -> tuple[tuple[int, ...], bool]:
+    """Dynamic grid dimensions (-1) replaced by their operands' upper bounds (the leading
+    pallas_call operands, one per dynamic dimension, in order); True when one has none."""
+    bounds = iter(operand_bounds or ())
+    out, unbounded = [], False
+    for g in grid:
+        if g >= 0:
+            out.append(g)
+            continue
+        hi = getattr(next(bounds, None), "hi", None)
+        if hi is None or not math.isfinite(hi):
+            out.append(-1)
+            unbounded = True
+        else:
+            out.append(max(int(hi), 1))
+    return tuple(out), unbounded
 
 
 def _kernel_name(eqn: Any) -> str:

@@ -23,6 +23,8 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.extend import source_info_util
 
+from evaluator.jaxpr_analysis import sub_jaxprs
+
 # Call-like primitives whose body is inlined; the parameter that holds it.
 _INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
             "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
@@ -128,7 +130,7 @@ def _eval_eqn(eqn: Any, invals: list[Any], fix: Callable | None) -> Any:
         return _while(params, invals, fix)
     if name == "cond":
         return _cond(params, invals, fix)
-    if any(True for _ in _sub_jaxprs(params)) and any(True for _ in _pallas_eqns_in_params(params)):
+    if any(True for _ in _pallas_eqns_in(eqn)):
         raise NotImplementedError(f"a pallas_call inside {name!r} cannot be replayed")
     return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
 
@@ -166,17 +168,8 @@ def _cond(params: dict[str, Any], invals: list[Any], fix: Callable | None) -> li
     return list(lax.switch(index, branches, *operands))
 
 
-def _sub_jaxprs(params: dict[str, Any]) -> Any:
-    for value in params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if hasattr(item, "jaxpr") and hasattr(item, "consts"):  # ClosedJaxpr
-                yield item.jaxpr
-            elif hasattr(item, "eqns") and hasattr(item, "invars"):  # Jaxpr
-                yield item
-
-
-def _pallas_eqns_in_params(params: dict[str, Any]) -> Any:
-    for sub in _sub_jaxprs(params):
+def _pallas_eqns_in(eqn: Any) -> Any:
+    for sub in sub_jaxprs(eqn):
         yield from _pallas_eqns(sub)
 
 
@@ -185,7 +178,7 @@ def _pallas_eqns(jaxpr: Any) -> Any:
         if eqn.primitive.name == "pallas_call":
             yield eqn
         else:
-            yield from _pallas_eqns_in_params(eqn.params)
+            yield from _pallas_eqns_in(eqn)
 
 
 # --- TPU numerics for dots inside kernels ----------------------------------------------------

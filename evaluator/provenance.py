@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from evaluator.errors import CANDIDATE_FILENAME
+from evaluator.jaxpr_analysis import sub_jaxprs
 
 # Library kernels inside jax: not machinery, someone's finished kernel.
 _JAX_KERNEL_LIBRARY = os.sep + os.path.join("jax", "experimental", "pallas", "ops") + os.sep
@@ -77,11 +78,8 @@ def _origin_of(eqn: Any) -> KernelOrigin:
 def _equations(jaxpr: Any) -> Iterator[Any]:
     for eqn in jaxpr.eqns:
         yield eqn
-        for value in eqn.params.values():
-            for item in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(item, "jaxpr", item)
-                if hasattr(inner, "eqns") and hasattr(inner, "invars"):
-                    yield from _equations(inner)
+        for sub in sub_jaxprs(eqn):
+            yield from _equations(sub)
 
 
 def _equation_origin(eqn: Any) -> str | None:

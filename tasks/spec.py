@@ -94,20 +94,23 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 # Tasks whose work is matmuls: at default precision a TPU multiplies f32 operands as bf16 (one
 # MXU pass, f32 accumulation), which the evaluator reproduces in interpret mode. The relative L2
-# error of such a matmul is ~2.4e-3, and single elements of outputs near zero, or after a gelu
-# or softmax, miss by up to ~4% of the output's rms (geglu's f32 cases). The L2 bound stays
+# error of such a matmul is ~2.4e-3, and single elements of outputs near zero, or after a gelu,
+# miss by up to ~4% of the output's rms (geglu's f32 cases, 3.3e-2 over 20 seeds). The L2 bound stays
 # tight: a whole-tensor error of 1% is not rounding.
 MXU_TOLERANCES: dict[str, Tolerance] = {
-    "float32": Tolerance(atol=5e-2, rtol=5e-2, rel_l2=1e-2),
+    "float32": Tolerance(atol=6e-2, rtol=6e-2, rel_l2=1e-2),
     "bfloat16": DEFAULT_TOLERANCES["bfloat16"],
 }
-# Attention forward: the inputs are spiky on purpose (large logits hide nothing), and rounding q
-# and k to bf16 moves a logit of size ~10 by ~0.04, which exp() turns into a few percent of a
-# probability: single f32 outputs miss by up to ~7% of the output's rms (ragged_attention).
-# bf16 inputs are already bf16, so the bf16 cases need nothing looser than the default.
+# A softmax over matmul logits (attention forward, gemm_softmax): the inputs are spiky on
+# purpose (large logits hide nothing), and rounding q and k to bf16 moves a logit of size ~10
+# by ~0.04, which exp() turns into a few percent of a probability: single f32 outputs miss by
+# up to ~7% of the output's rms (ragged_attention), and gemm_softmax's relative L2 error
+# reaches 1.02e-2 (20 seeds). The same holds for bf16 inputs when a kernel scales q in bf16
+# before its matmul (splash attention takes q pre-scaled), so both dtypes get the loose
+# element-wise bound; L2 still judges.
 ATTENTION_TOLERANCES: dict[str, Tolerance] = {
-    "float32": Tolerance(atol=0.12, rtol=0.12, rel_l2=1e-2),
-    "bfloat16": DEFAULT_TOLERANCES["bfloat16"],
+    "float32": Tolerance(atol=0.12, rtol=0.12, rel_l2=1.5e-2),
+    "bfloat16": Tolerance(atol=0.12, rtol=0.12, rel_l2=1.5e-2),
 }
 
 

@@ -64,9 +64,12 @@ CASES = (
     + case_grid("heldout", "bench", [dict(m=3000, d=1000, v=50257)], _DTYPES)
 )
 
-# A mean over many rows hides per-row errors, so the bound is tighter than the defaults; logits
-# are exact products of the (bf16 or f32) inputs in both the kernel and the reference.
+# A mean over many rows hides per-row errors, so the bound is tighter than the defaults. bf16
+# logits are exact products of the inputs in kernel and reference alike; f32 logits on a TPU
+# come from one bf16 pass at default precision, which moves the mean loss by up to 7e-4
+# (relative, 20 seeds), so f32 allows 2e-3. Both stay far below a wrong loss (1% off fails).
 _TOL = Tolerance(atol=1e-3, rtol=1e-3, rel_l2=1e-3)
+_TOL_F32 = Tolerance(atol=2e-3, rtol=2e-3, rel_l2=2e-3)
 
 TASK = Task(
     name="fused_cross_entropy",
@@ -83,5 +86,5 @@ TASK = Task(
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
     required_features=("vmem_scratch",),
-    tolerances={"float32": _TOL, "bfloat16": _TOL},
+    tolerances={"float32": _TOL_F32, "bfloat16": _TOL},
 )

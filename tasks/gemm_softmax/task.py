@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, np_dtype
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -62,5 +62,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
-    tolerances=dict(MXU_TOLERANCES),
+    tolerances=dict(ATTENTION_TOLERANCES),
 )

@@ -1,0 +1,34 @@
+"""Honest kernels pass on every seed, with room to spare (benchmarks/seed_stability.py).
+
+The default run checks a small sample; under CI=true a larger one (the whole margin table is
+the benchmark's job: python benchmarks/seed_stability.py).
+"""
+import importlib.util
+
+import pytest
+
+from tests.conftest import IN_CI, TESTS
+
+MARGIN = 0.7  # an honest kernel's worst error stays below this share of its bound
+SAMPLE = ["matmul", "attention_fwd", "geglu"]
+CI_SAMPLE = SAMPLE + ["ragged_attention", "gemm_softmax", "swiglu_mlp", "paged_attention",
+                      "attention_bwd", "layer_norm", "softmax"]
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "seed_stability", TESTS.parent / "benchmarks" / "seed_stability.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("task", CI_SAMPLE if IN_CI else SAMPLE)
+def test_solution_verdicts_do_not_flip_with_the_seed(task):
+    bench = _benchmark()
+    kernels = bench.honest_kernels(["solutions"], [task])
+    margins = bench.measure(kernels, n_seeds=5 if IN_CI else 3, workers=1, base_seed=7,
+                            tpu_numerics=True)
+    for m in margins:
+        assert not m.failed_cases, f"{m.kernel} ({m.dtype}): {m.failed_cases}"
+        assert m.worst_ratio < MARGIN, f"{m.kernel} ({m.dtype}) reached {m.worst_ratio:.2f} of its bound"
