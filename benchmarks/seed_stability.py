@@ -14,12 +14,14 @@ happen. Figures are printed as a table per task and dtype; nothing is asserted h
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,8 +45,8 @@ class Margin:
         return len(self.failed_cases)
 
 
-def honest_kernels(corpora: list[str], task_names: list[str] | None) -> list[tuple[str, str, str, str]]:
-    """(label, task, split, source) for the chosen corpora."""
+def honest_kernels(corpora: list[str], task_names: list[str] | None) -> list[tuple[str, Any, str, str]]:
+    """(label, task or task name, split, source) for the chosen corpora."""
     from tasks import all_tasks, get_task
 
     chosen = [get_task(n) for n in task_names] if task_names else all_tasks()
@@ -53,28 +55,26 @@ def honest_kernels(corpora: list[str], task_names: list[str] | None) -> list[tup
     if "solutions" in corpora:
         kernels += [(f"{t.name}/solution", t.name, "all", t.solution_source()) for t in chosen]
     if "honest" in corpora:
-        for path in sorted((ROOT / "tests" / "honest").glob("*.py")):
-            task = _docstring_task(path.read_text())
+        from tests.test_honest_styles import KERNELS
+
+        for stem, task in KERNELS:
             if task in names:
-                kernels.append((f"honest/{path.stem}", task, "train", path.read_text()))
+                kernels.append((f"honest/{stem}", task, "all",
+                                (ROOT / "tests" / "honest" / f"{stem}.py").read_text()))
     if "thirdparty" in corpora:
         from tests.thirdparty import CORPUS, build_source
 
         for entry in CORPUS:
             if entry.task in names:
+                task = get_task(entry.task)  # only the dtypes the kernel is expected to handle
+                task = dataclasses.replace(task, cases=tuple(
+                    c for c in task.cases if c.dtype in entry.dtypes_expected_correct))
                 for split in entry.splits_expected_correct:
-                    kernels.append((f"thirdparty/{entry.name}", entry.task, split, build_source(entry)))
+                    kernels.append((f"thirdparty/{entry.name}", task, split, build_source(entry)))
     return kernels
 
 
-def _docstring_task(source: str) -> str | None:
-    import re
-
-    match = re.search(r"task:\s*(\w+)", source)
-    return match.group(1) if match else None
-
-
-def measure(kernels: list[tuple[str, str, str, str]], n_seeds: int, workers: int, base_seed: int,
+def measure(kernels: list[tuple[str, Any, str, str]], n_seeds: int, workers: int, base_seed: int,
             tpu_numerics: bool) -> list[Margin]:
     from evaluator.grader import Evaluator, Job
     from rich.progress import Progress
@@ -88,11 +88,11 @@ def measure(kernels: list[tuple[str, str, str, str]], n_seeds: int, workers: int
     for job, verdict in zip(jobs, verdicts):
         label = labels[id(job)]
         if not verdict.cases:
-            margins[(label, job.task, "-")] = Margin(label, job.task, "-", float("inf"), 0,
-                                                     [f"{verdict.status}: {verdict.message[:120]}"])
+            margins[(label, verdict.task, "-")] = Margin(label, verdict.task, "-", float("inf"), 0,
+                                                         [f"{verdict.status}: {verdict.message[:120]}"])
             continue
         for case in verdict.cases:
-            m = margins.setdefault((label, job.task, case.dtype), Margin(label, job.task, case.dtype))
+            m = margins.setdefault((label, verdict.task, case.dtype), Margin(label, verdict.task, case.dtype))
             m.cases += 1
             m.worst_ratio = max(m.worst_ratio, case.bound_ratio or 0.0)
             if case.status != "correct":

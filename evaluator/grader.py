@@ -26,9 +26,9 @@ RECYCLE_AFTER = frozenset({"runtime_error", "timeout"})
 
 @dataclass(frozen=True)
 class Job:
-    """One thing to grade: a task and a model answer (or bare source)."""
+    """One thing to grade: a task (or its name) and a model answer (or bare source)."""
 
-    task: str
+    task: str | Task
     answer: str
     split: str = "train"
     seed: int | None = None

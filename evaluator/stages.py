@@ -406,7 +406,8 @@ def timing_stage(ctx: GradingContext) -> Failure | None:
         # Bench-size arrays are large: made here for this case alone, never cached.
         inputs = ctx.task.make_inputs(case, np.random.default_rng(ctx.base_seed))
         reply, outputs = ctx.worker.call({"cmd": "time", "task": ctx.task.name, "case": case.name,
-                                          "warmup": 3, "iters": 20}, list(inputs),
+                                          "warmup": 3, "iters": 20, "tpu_numerics": ctx.tpu_numerics},
+                                         list(inputs),
                                          what=f"timing case {case.name}")
         if not reply["ok"]:
             return Failure("runtime_error", f"timing case {case.describe()} failed: "

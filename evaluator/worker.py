@@ -399,7 +399,7 @@ def _time(state: _WorkerState, header: dict, arrays: list) -> tuple[dict, list]:
 
     task = tasks.get_task(header["task"])
     inputs = [jax.device_put(a) for a in arrays]
-    runner = _case_runner(state, header["case"])
+    runner = _case_runner(state, header["case"], header.get("tpu_numerics", False))
     reference = jax.jit(task.reference)
     kernel_s = time_callable(runner, inputs, header["warmup"], header["iters"])
     reference_s = time_callable(reference, inputs, header["warmup"], header["iters"])

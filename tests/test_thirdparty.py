@@ -43,8 +43,8 @@ def test_jax_kernel_known_limitation(evaluator, entry, split, status):
 
 
 def test_paged_attention_float32_verdicts_reproduce_with_a_fixed_seed(evaluator):
-    """jax's paged attention rounds K and V to bfloat16 inside the kernel, so its float32 cases
-    sit at the edge of the float32 tolerance: whatever they get, a fixed seed gets it again."""
+    """jax's paged attention rounds K and V to bfloat16 inside the kernel, which once put its
+    float32 cases at the edge of the tolerance: whatever they get, a fixed seed gets it again."""
     entry = BY_NAME["jax_paged_attention"]
     task = _only_dtypes(tasks.get_task(entry.task), ("float32",))
     source = build_source(entry)
