@@ -48,7 +48,7 @@ def test_feature_detectors_on_real_kernels():
     dma = _trace((HONEST / "matmul_manual_dma.py").read_text(), *_specs("matmul"))
     assert missing_features(("manual_dma",), dma.pallas_calls) == []
     assert missing_features(("scalar_prefetch",), dma.pallas_calls) == ["scalar_prefetch"]
-    plain = _trace(read_candidate("wrong_output_zeros"), *_specs("matmul"))
+    plain = _trace(read_candidate("work_outside_zeros"), *_specs("matmul"))
     assert missing_features(("manual_dma", "vmem_scratch", "parallel_grid"), plain.pallas_calls) == [
         "manual_dma", "vmem_scratch", "parallel_grid"]
 

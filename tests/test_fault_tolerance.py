@@ -15,7 +15,7 @@ def test_dma_deadlock_times_out(quick_timeout_evaluator):
 
 
 @pytest.mark.parametrize("name,task", [
-    ("wrong_output_zeros", "matmul"),
+    ("wrong_output_doubled", "matmul"),
     ("policy_violation_import_os", "softmax"),
     ("work_outside_row_max", "softmax"),
 ])

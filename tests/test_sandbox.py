@@ -110,10 +110,12 @@ def test_lowering_sees_the_target_tpu_generation(worker):
     source = (HONEST / "rms_norm_rank1_scale.py").read_text()
     case = {"name": "c", "args": [[[64, 256], "float32"], [[256], "float32"]]}
     assert load(worker, source)["ok"]
+    assert worker.call({"cmd": "trace", "cases": [case]})[0]["ok"]  # lowering reuses the trace
     as_cpu = worker.call({"cmd": "lower", "cases": [case]})[0]
     assert not as_cpu["ok"] and "device kind" in as_cpu["error"]
     worker.call({"cmd": "reset"})
     assert worker.call({"cmd": "load", "source": source, "device_kind": "TPU v5 lite"})[0]["ok"]
+    assert worker.call({"cmd": "trace", "cases": [case]})[0]["ok"]
     as_v5e = worker.call({"cmd": "lower", "cases": [case]})[0]
     assert as_v5e["ok"], as_v5e
 

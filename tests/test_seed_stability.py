@@ -4,6 +4,7 @@ The default run checks a small sample; under CI=true a larger one (the whole mar
 the benchmark's job: python benchmarks/seed_stability.py).
 """
 import importlib.util
+import sys
 
 import pytest
 
@@ -19,6 +20,7 @@ def _benchmark():
     spec = importlib.util.spec_from_file_location(
         "seed_stability", TESTS.parent / "benchmarks" / "seed_stability.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -65,8 +65,11 @@ def test_every_solution_compiles(gen):
     failures = []
     try:
         for task in all_tasks():
-            assert worker.call({"cmd": "load", "source": task.solution_source()})[0]["ok"]
-            for case in task.select("all", "bench"):
+            assert worker.call({"cmd": "load", "source": task.solution_source(),
+                                "device_kind": GENERATIONS[gen].device_kind})[0]["ok"]
+            bench = task.select("all", "bench")  # compiled from the program traced here
+            assert worker.call({"cmd": "trace", "cases": [case_request(task, c) for c in bench]})[0]["ok"]
+            for case in bench:
                 reply, _ = worker.call({"cmd": "compile", "topology": GENERATIONS[gen].topology,
                                         "case": case_request(task, case)}, timeout_s=300)
                 if not reply["ok"]:

@@ -1,5 +1,5 @@
 """Cheat: compute once, then replay the cached output for every later call of that shape.
-task: matmul  expect: wrong_output"""
+task: matmul  expect: work_outside_kernel"""
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl

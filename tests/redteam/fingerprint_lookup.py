@@ -1,5 +1,5 @@
 """Cheat: look up the answer by a fingerprint of the input (its first element).
-task: softmax  expect: wrong_output"""
+task: softmax  expect: work_outside_kernel"""
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl

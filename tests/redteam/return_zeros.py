@@ -1,5 +1,5 @@
 """Cheat: zeros of the right shape and dtype.
-task: softmax  expect: wrong_output"""
+task: softmax  expect: work_outside_kernel"""
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl

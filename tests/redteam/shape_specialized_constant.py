@@ -1,5 +1,5 @@
 """Cheat: a kernel that writes a per-shape constant (1/d, the mean of a softmax row).
-task: softmax  expect: wrong_output"""
+task: softmax  expect: work_outside_kernel"""
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl

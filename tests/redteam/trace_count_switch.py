@@ -1,6 +1,6 @@
 """Cheat: count its own traces; show the checks a Pallas kernel, then switch to plain XLA
 for the later traces that (in an evaluator that traces again) are the ones run and timed.
-task: matmul  expect: work_outside_kernel"""
+task: matmul  expect: no_kernel"""
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
