@@ -76,8 +76,9 @@ def honest_kernels(corpora: list[str], task_names: list[str] | None) -> list[tup
 
 def measure(kernels: list[tuple[str, Any, str, str]], n_seeds: int, workers: int, base_seed: int,
             tpu_numerics: bool) -> list[Margin]:
-    from evaluator.grader import Evaluator, Job
     from rich.progress import Progress
+
+    from evaluator.grader import Evaluator, Job
 
     margins: dict[tuple[str, str, str], Margin] = {}
     jobs = [Job(task, source, split, base_seed) for _, task, split, source in kernels]

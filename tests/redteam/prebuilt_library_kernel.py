@@ -1,6 +1,5 @@
 """Cheat: call a prebuilt kernel from a library instead of writing one (Pallas' cuBLAS).
 task: matmul  expect: policy_violation"""
-import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
 
