@@ -29,6 +29,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from evaluator.jaxpr_walk import is_closed_jaxpr, param_jaxprs
+
 INF = math.inf
 
 
@@ -165,7 +167,7 @@ class _Interpreter:
         if rule is not None:
             out = rule(eqn, ins)
             return out if isinstance(out, list) else [out]
-        subs = [_open(j) for j in _sub_jaxprs(eqn.params)]
+        subs = [_open(j) for j in param_jaxprs(eqn.params)]
         if len(subs) == 1 and len(subs[0][0].invars) == len(ins) and len(subs[0][0].outvars) == n_out:
             return self.run(subs[0][0], ins, subs[0][1])  # a call: jit, remat, custom_jvp...
         for jaxpr, consts in subs:  # unknown semantics: still visit the loops inside
@@ -374,26 +376,16 @@ def _bindings(eqn: Any) -> list[tuple[Any, list[int | None]]]:
                 (_open(p["body_jaxpr"])[0], [*range(n_cc, n_cc + n_bc), *carries])]
     if name == "cond":
         return [(_open(b)[0], list(range(1, n))) for b in p["branches"]]
-    subs = [_open(j)[0] for j in _sub_jaxprs(p)]
+    subs = [_open(j)[0] for j in param_jaxprs(p)]
     return [(s, list(range(n)) if len(s.invars) == n else [None] * len(s.invars)) for s in subs]
 
 
 # --- helpers -----------------------------------------------------------------------------
 def _open(j: Any) -> tuple[Any, Any]:
     """(Jaxpr, consts or None) of a ClosedJaxpr or a Jaxpr."""
-    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
+    if is_closed_jaxpr(j):
         return j.jaxpr, j.consts
     return j, None
-
-
-def _sub_jaxprs(params: dict[str, Any]) -> list[Any]:
-    found = []
-    for value in params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if (hasattr(item, "jaxpr") and hasattr(item, "consts")) or (
-                    hasattr(item, "eqns") and hasattr(item, "invars")):
-                found.append(item)
-    return found
 
 
 def _read(env: dict[Any, Interval], v: Any) -> Interval:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from evaluator import intervals
+from evaluator.jaxpr_walk import sub_jaxprs
 
 # Rationale: a matmul or convolution outside a kernel *is* the task for most of the suite,
 # whatever its size, so it is refused outright rather than weighed by cost.
@@ -255,16 +256,6 @@ def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple
         n = (trips or {}).get(id(eqn))
         return (1.0, False) if n is None else (float(n), True)
     return 1.0, True
-
-
-def sub_jaxprs(eqn: Any) -> Iterator[Any]:
-    """The jaxprs inside an eqn's parameters (loop bodies, cond branches, called functions)."""
-    for value in eqn.params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if hasattr(item, "jaxpr") and hasattr(item, "consts"):  # ClosedJaxpr
-                yield item.jaxpr
-            elif hasattr(item, "eqns") and hasattr(item, "invars"):  # Jaxpr
-                yield item
 
 
 def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,

@@ -23,7 +23,7 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.extend import source_info_util
 
-from evaluator.jaxpr_analysis import sub_jaxprs
+from evaluator.jaxpr_walk import is_closed_jaxpr, is_jaxpr, sub_jaxprs
 
 # Call-like primitives whose body is inlined; the parameter that holds it.
 _INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -122,7 +122,7 @@ def _eval_eqn(eqn: Any, invals: list[Any], fix: Callable | None) -> Any:
         return eqn.primitive.bind(*invals, **(fix(params) if fix else params))
     if name in _INLINED and _INLINED[name] in params:
         body = params[_INLINED[name]]
-        inner, consts = (body.jaxpr, body.consts) if hasattr(body, "consts") else (body, ())
+        inner, consts = (body.jaxpr, body.consts) if is_closed_jaxpr(body) else (body, ())
         return _eval(inner, consts, invals, fix)
     if name == "scan":
         return _scan(params, invals, fix)
@@ -219,10 +219,10 @@ def _rewrite_param(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         items = [_rewrite_param(v) for v in value]
         return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
-    if hasattr(value, "jaxpr") and hasattr(value, "consts"):  # ClosedJaxpr
+    if is_closed_jaxpr(value):
         inner = tpu_dot_numerics(value.jaxpr)
         return value if inner is value.jaxpr else value.replace(jaxpr=inner)
-    if hasattr(value, "eqns") and hasattr(value, "invars"):  # Jaxpr
+    if is_jaxpr(value):
         return tpu_dot_numerics(value)
     return value
 

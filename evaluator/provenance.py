@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from evaluator.errors import CANDIDATE_FILENAME
-from evaluator.jaxpr_analysis import sub_jaxprs
+from evaluator.jaxpr_walk import sub_jaxprs
 
 # Library kernels inside jax: not machinery, someone's finished kernel.
 _JAX_KERNEL_LIBRARY = os.sep + os.path.join("jax", "experimental", "pallas", "ops") + os.sep

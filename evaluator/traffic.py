@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from evaluator.jaxpr_analysis import sub_jaxprs, trip_count, walk_cost
+from evaluator.jaxpr_analysis import trip_count, walk_cost
+from evaluator.jaxpr_walk import sub_jaxprs
 
 MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead of evaluating
 
