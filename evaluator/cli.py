@@ -1,4 +1,5 @@
-"""Command line: `python -m evaluator tasks|run|check-solutions` (stable: scripts rely on it).
+"""Command line: `python -m evaluator tasks|run|check-solutions|estimate|tune` (stable: scripts
+rely on it).
 
 Exit codes: 0 when a verdict was reached (whatever it is), 2 for a usage error (unknown
 task, missing file), 1 from check-solutions when a reference solution is not correct.
@@ -6,6 +7,7 @@ task, missing file), 1 from check-solutions when a reference solution is not cor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -16,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from evaluator.backends import BACKENDS
-from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
+from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS, MiB
 from evaluator.record import Verdict
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -61,6 +63,34 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--workers", type=int, default=2, help="worker processes grading in parallel")
     _add_common(c)
     c.set_defaults(func=cmd_check_solutions)
+
+    e = sub.add_parser("estimate", help="static performance estimate at bench sizes (nothing runs)")
+    e.add_argument("--task", action="append", default=None, help="only this task (repeatable)")
+    e.add_argument("--candidate", help="a kernel for the one --task (default: each task's solution)")
+    e.add_argument("--split", choices=("train", "heldout", "all"), default="train")
+    e.add_argument("--tpu", action="append", choices=tuple(GENERATIONS), default=None,
+                   help="TPU generation (repeatable; default v5e and v6e)")
+    e.add_argument("--workers", type=int, default=2, help="worker processes in parallel")
+    e.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    e.add_argument("--json", action="store_true", help="print the figures as JSON")
+    e.set_defaults(func=cmd_estimate)
+
+    u = sub.add_parser("tune", help="search a kernel's block sizes with the static model")
+    u.add_argument("--task", required=True)
+    u.add_argument("--candidate", required=True, help="a .py file, or a model answer with a ```python block")
+    u.add_argument("--tpu", choices=tuple(GENERATIONS), default=DEFAULT_GENERATION,
+                   help="generation whose VMEM budget and figures apply (default %(default)s)")
+    u.add_argument("--split", choices=("train", "heldout", "all"), default="train",
+                   help="cases searched (bench sizes) and checked (check sizes)")
+    u.add_argument("--budget", type=float, default=110.0,
+                   help="seconds of search before the best so far is verified (default %(default)g)")
+    u.add_argument("--no-compile", action="store_true",
+                   help="skip the libtpu confirmation even when tpu-compile is installed")
+    u.add_argument("--write", action="store_true", help="rewrite the candidate file in place")
+    u.add_argument("--out", help="write the tuned source to this file")
+    u.add_argument("--top", type=int, default=8, help="rows of the table (default %(default)s)")
+    u.add_argument("--json", action="store_true", help="print the result as JSON")
+    u.set_defaults(func=cmd_tune)
     return p
 
 
@@ -124,15 +154,19 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    task = _resolve_tasks([args.task])[0]
-    path = Path(args.candidate)
+def _read_candidate(name: str) -> str:
+    path = Path(name)
     if not path.is_file():
         raise UsageError(f"candidate file not found: {path}")
     try:
-        answer = path.read_text()
+        return path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    task = _resolve_tasks([args.task])[0]
+    answer = _read_candidate(args.candidate)
     with _evaluator(args) as ev:
         verdict = ev.grade(task, answer, split=args.split, seed=args.seed)
     if args.json:
@@ -169,6 +203,138 @@ def cmd_check_solutions(args: argparse.Namespace) -> int:
         console.print(f"{len(verdicts) - len(failed)}/{len(verdicts)} solutions correct "
                       f"in {time.perf_counter() - start:.0f} s")
     return 1 if failed else 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from evaluator.grader import Evaluator, Job
+    from evaluator.perf_model import worst_bench_case
+
+    suite = _resolve_tasks(args.task)
+    if args.candidate and len(suite) != 1:
+        raise UsageError("--candidate needs exactly one --task")
+    answers = {t.name: _read_candidate(args.candidate) if args.candidate else t.solution_source()
+               for t in suite}
+    generations = args.tpu or ["v5e", "v6e"]
+    rows: dict[str, dict] = {t.name: {"task": t.name} for t in suite}
+    for gen in generations:
+        with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=gen) as ev:
+            jobs = [Job(t, answers[t.name], args.split, through="estimate") for t in suite]
+            for v in ev.grade_many(jobs):
+                worst = worst_bench_case(v.details.get("perf_model", {}))
+                row = rows[v.task]
+                if worst is None:
+                    row[gen] = {"status": v.status, "message": v.message}
+                    continue
+                case, est = worst
+                row[gen] = {"status": v.status, "case": case, "time_ms": est["time_s"] * 1e3,
+                            "slowdown_vs_ideal": est["slowdown_vs_ideal"],
+                            "hbm_mib": est["hbm_bytes"] / MiB, "ideal_mib": est["ideal_bytes"] / MiB,
+                            "grid_steps": est["grid_steps"], "bound": est["bound"]}
+    if args.json:
+        print(json.dumps(list(rows.values()), indent=2))
+        return 0
+    header = ["task"] + [f"{g} {what}" for g in generations for what in ("ms", "x ideal")] + [
+        f"MiB moved ({generations[0]})", "ideal MiB", "grid steps"]
+    lines = []
+    for row in rows.values():
+        cells = [row["task"]]
+        for g in generations:
+            fig = row[g]
+            cells += ([f"{fig['time_ms']:.3g}", f"{fig['slowdown_vs_ideal']:.2f}"] if "time_ms" in fig
+                      else [fig["status"], "-"])
+        first = row[generations[0]]
+        cells += ([f"{first['hbm_mib']:,.0f}", f"{first['ideal_mib']:,.0f}", f"{first['grid_steps']:,}"]
+                  if "time_ms" in first else ["-", "-", "-"])
+        lines.append(cells)
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for cells in lines:
+            print("| " + " | ".join([f"`{cells[0]}`", *cells[1:]]) + " |")
+        return 0
+    table = Table(title=f"static estimate at {args.split} bench sizes, worst case per task")
+    for col in header:
+        table.add_column(col)
+    for cells in lines:
+        table.add_row(*cells)
+    console.print(table)
+    console.print("[dim]an estimate from the static model (docs/performance-model.md), not a measurement[/]")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from evaluator.extract import ExtractionError, extract_code
+    from evaluator.grader import Evaluator
+    from evaluator.tune import libtpu_installed, tune
+
+    task = _resolve_tasks([args.task])[0]
+    try:
+        source = extract_code(_read_candidate(args.candidate))
+    except ExtractionError as exc:
+        raise UsageError(f"{args.candidate}: {exc}") from None
+    from evaluator.knobs import find_knobs
+
+    try:
+        knobs = find_knobs(source)
+    except SyntaxError as exc:
+        raise UsageError(f"{args.candidate} does not parse: {exc}") from None
+    if not knobs:
+        raise UsageError(f"no block-size knobs found in {args.candidate}: name module-level "
+                         "constants like BLOCK_M = 512, or mark one with '# tune'")
+    compile_check = libtpu_installed() and not args.no_compile
+    err = Console(stderr=True, highlight=False)
+    if not args.json:
+        err.print(f"tuning {task.name} on {args.tpu}: knobs "
+                  + ", ".join(f"{k.name}={k.value}" for k in knobs)
+                  + f"; budget {args.budget:g} s" + ("; libtpu confirms the winner" if compile_check else ""))
+
+    def progress(n: int, trial) -> None:
+        if not args.json:
+            figs = f"{trial.slowdown:.2f}x ideal" if trial.ok else trial.status
+            err.print(f"  [{n:3d}] {_setting_text(trial.setting)}: {figs}", highlight=False)
+
+    with Evaluator(backend="tpu-interpret", generation=args.tpu) as ev:
+        compile_ev = Evaluator(backend="tpu-compile", generation=args.tpu) if compile_check else None
+        try:
+            result = tune(task, source, ev, split=args.split, budget_s=args.budget,
+                          compile_evaluator=compile_ev, progress=progress)
+        finally:
+            if compile_ev is not None:
+                compile_ev.close()
+    for path in ([args.candidate] if args.write else []) + ([args.out] if args.out else []):
+        Path(path).write_text(result.source)
+    if args.json:
+        print(json.dumps({"task": result.task, "generation": result.generation,
+                          "knobs": [k.name for k in result.knobs],
+                          "baseline": dataclasses.asdict(result.baseline),
+                          "best": dataclasses.asdict(result.best), "verified": result.verified,
+                          "trials": [dataclasses.asdict(t) for t in result.trials],
+                          "elapsed_s": result.elapsed_s, "source": result.source}, indent=2))
+        return 0
+    table = Table(title=f"{task.name} on {result.generation}: {len(result.trials)} settings in "
+                        f"{result.elapsed_s:.0f} s" + (" (budget spent)" if result.budget_exhausted else ""))
+    for col in ("setting", "MiB moved", "estimate ms", "x ideal", "VMEM MiB", "status"):
+        table.add_column(col)
+    shown = result.trials[:args.top]
+    if result.baseline not in shown:
+        shown.append(result.baseline)
+    for t in shown:
+        mark = " (given)" if t is result.baseline else " (chosen)" if t is result.best else ""
+        table.add_row(_setting_text(t.setting) + mark, *(
+            [f"{t.hbm_bytes / MiB:,.0f}", f"{t.time_s * 1e3:.3g}", f"{t.slowdown:.2f}"] if t.ok
+            else ["-", "-", "-"]), f"{t.vmem_bytes / MiB:.1f}", t.status if not t.ok else "ok")
+    console.print(table)
+    for trial, why in result.rejected:
+        console.print(f"rejected {_setting_text(trial.setting)}: {escape(why[:300])}")
+    console.print(f"chosen: {_setting_text(result.best.setting)}, {result.best.slowdown:.2f}x the "
+                  f"ideal (given: {result.baseline.slowdown:.2f}x); {result.verified}")
+    if not (args.write or args.out):
+        console.print("\n# the tuned source\n" + escape(result.source), soft_wrap=True)
+    return 0
+
+
+def _setting_text(setting: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in setting.items())
 
 
 def _print_verdict(v: Verdict) -> None:

@@ -14,7 +14,8 @@ from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import StageTiming, Verdict
 from evaluator.reference import ReferenceCache
 from evaluator.sandbox import Limits, WorkerError, WorkerPool
-from evaluator.stages import SOURCE_STAGES, STAGES, Failure, GradingContext, correct_message
+from evaluator.stages import (SOURCE_STAGES, STAGES, Failure, GradingContext, Stage,
+                              correct_message)
 from tasks import get_task
 from tasks.spec import Task
 
@@ -32,6 +33,7 @@ class Job:
     answer: str
     split: str = "train"
     seed: int | None = None
+    through: str | None = None  # stop after this stage (Evaluator.grade)
 
 
 class Evaluator:
@@ -66,9 +68,12 @@ class Evaluator:
         return "exact-f32 (CPU)"
 
     def grade(self, task: Task | str, answer: str, split: str = "train",
-              seed: int | None = None) -> Verdict:
+              seed: int | None = None, through: str | None = None) -> Verdict:
+        """`through`: stop after this stage (e.g. "estimate": every static stage, nothing run);
+        a grading stopped early with no failure keeps status "pending"."""
         task = get_task(task) if isinstance(task, str) else task
         task.select(split)  # validates the split name
+        stages = _stages_through(through)
         start = time.perf_counter()
         verdict = Verdict(task=task.name, task_version=task.version, status="pending", message="",
                           backend=self.backend.name, split=split, stage="",
@@ -82,8 +87,10 @@ class Evaluator:
         verdict.details["base_seed"] = ctx.base_seed
         verdict.details["tpu_generation"] = self.generation.name
         verdict.details["numerics"] = self.numerics
-        failure = self._run_stages(ctx)
-        if failure is None:
+        failure = self._run_stages(ctx, stages)
+        if failure is None and through is not None:
+            verdict.stage, verdict.message = through, f"passed every stage through {through!r}"
+        elif failure is None:
             verdict.status, verdict.stage, verdict.message = "correct", "done", correct_message(ctx)
         else:
             verdict.status, verdict.message = failure.status, f"{failure.status}: {failure.message}"
@@ -92,11 +99,12 @@ class Evaluator:
         verdict.wall_s = time.perf_counter() - start
         return verdict
 
-    def _run_stages(self, ctx: GradingContext) -> Failure | None:
+    def _run_stages(self, ctx: GradingContext, stages: tuple[tuple[str, Stage], ...] = STAGES
+                    ) -> Failure | None:
         lease = None
         failure: Failure | None = None
         try:
-            for name, stage in STAGES:
+            for name, stage in stages:
                 if name not in SOURCE_STAGES and ctx.worker is None:
                     lease = self.pool.lease()
                     ctx.worker = lease.__enter__()
@@ -137,7 +145,7 @@ class Evaluator:
         jobs = list(jobs)
 
         def one(job: Job) -> Verdict:
-            verdict = self.grade(job.task, job.answer, job.split, job.seed)
+            verdict = self.grade(job.task, job.answer, job.split, job.seed, job.through)
             if on_done is not None:
                 on_done(verdict)
             return verdict
@@ -156,6 +164,15 @@ class Evaluator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stages_through(last: str | None) -> tuple[tuple[str, Stage], ...]:
+    if last is None:
+        return STAGES
+    names = [name for name, _ in STAGES]
+    if last not in names:
+        raise ValueError(f"unknown stage {last!r}; the stages are {', '.join(names)}")
+    return STAGES[:names.index(last) + 1]
 
 
 def _versions() -> dict[str, str]:

@@ -6,6 +6,11 @@ megacore chips (two TensorCores), a v7x device is one of its chip's two TensorCo
 default *scoped* VMEM limit is what Mosaic lets one kernel allocate unless it raises
 `vmem_limit_bytes`: 16 MiB up to v5, 32 MiB on v6e and v7x (checked with libtpu 0.0.42.1:
 a 22 MiB kernel fails for v5e with CompileTimeScopedVmemOom and compiles for v6e).
+
+Two figures are assumptions, not published numbers (docs/performance-model.md):
+GRID_STEP_S, the fixed cost of one Pallas grid step (~0.35 us, the figure jax's Pallas TPU
+pipelining guide quotes), and F32_MATMUL_SHARE, the share of the bf16 peak a matmul on float32
+operands reaches (we found no published per-generation figure: one third, a parameter).
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from evaluator.jaxpr_analysis import BlockInfo, PallasCallInfo
 from tasks.spec import np_dtype
 
 MiB = 1 << 20
+GRID_STEP_S = 0.35e-6     # fixed cost of one grid step of a pallas_call (assumption)
+F32_MATMUL_SHARE = 1 / 3  # f32-operand matmul throughput as a share of the bf16 peak (assumption)
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,10 @@ class TpuGeneration:
     default_scoped_vmem_bytes: int
     hbm_bytes_per_s: float
     bf16_flops_per_s: float
+
+    @property
+    def f32_matmul_flops_per_s(self) -> float:
+        return self.bf16_flops_per_s * F32_MATMUL_SHARE
 
 
 GENERATIONS: dict[str, TpuGeneration] = {

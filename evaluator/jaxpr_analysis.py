@@ -70,6 +70,7 @@ class PallasCallInfo:
     vmem_limit_bytes: int | None
     kernel_primitives: list[str]
     flops_per_step: float = 0.0       # traffic analysis only
+    f32_matmul_flops_per_step: float = 0.0  # of flops_per_step: matmuls on float32 operands
     dma_bytes_per_step: float = 0.0   # traffic analysis only
     # A while loop in the body has no known maximum trip count and was counted once, so
     # flops_per_step and dma_bytes_per_step are lower bounds (traffic analysis only).
@@ -85,6 +86,11 @@ class PallasCallInfo:
         """FLOPs of every run of the kernel (traffic analysis only, else 0)."""
         return self.flops_per_step * self.grid_steps * self.runs
 
+    @property
+    def f32_matmul_flops(self) -> float:
+        """Of `flops`: matmul FLOPs on float32 operands (slower on the MXU than bf16)."""
+        return self.f32_matmul_flops_per_step * self.grid_steps * self.runs
+
 
 @dataclass
 class OutsideCost:
@@ -93,6 +99,10 @@ class OutsideCost:
     flops: float = 0.0
     transcendentals: float = 0.0
     bytes_accessed: float = 0.0
+    # Of `flops`: matmuls and convolutions (MXU work), and those whose operands are float32,
+    # which the performance model runs at the f32 matmul rate (evaluator/hardware.py).
+    matmul_flops: float = 0.0
+    f32_matmul_flops: float = 0.0
     heavy_ops: list[str] = field(default_factory=list)
     callbacks: list[str] = field(default_factory=list)
     top_ops: dict[str, float] = field(default_factory=dict)  # primitive -> flops, for feedback
@@ -157,13 +167,17 @@ def conv_flops(eqn: Any) -> float:
     return 2.0 * _size(eqn.outvars[0].aval) * per_output
 
 
+def total_cost(closed_jaxpr: Any,
+               arg_bounds: Sequence[Sequence[int] | None] | None = None) -> OutsideCost:
+    """What a whole program with no kernels (the reference) computes, matmuls included."""
+    bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
+    return walk_cost(closed_jaxpr.jaxpr, bounds.loop_trips)
+
+
 def total_flops(closed_jaxpr: Any,
                 arg_bounds: Sequence[Sequence[int] | None] | None = None) -> float:
     """FLOPs of a whole program with no kernels (the reference), matmuls included."""
-    bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
-    cost = OutsideCost()
-    _walk(closed_jaxpr.jaxpr, 1.0, [], cost, count_heavy=True, trips=bounds.loop_trips)
-    return cost.flops
+    return total_cost(closed_jaxpr, arg_bounds).flops
 
 
 def walk_cost(jaxpr: Any, trips: Mapping[int, int | None] | None = None) -> OutsideCost:
@@ -208,7 +222,11 @@ def _walk(jaxpr: Any, mult: float, calls: list[tuple[Any, float]], cost: Outside
             cost.bytes_accessed += mult * nbytes
         if name in HEAVY_PRIMITIVES:
             if count_heavy:
-                cost.flops += mult * dot_flops(eqn)
+                flops = mult * dot_flops(eqn)
+                cost.flops += flops
+                cost.matmul_flops += flops
+                if any(str(getattr(v.aval, "dtype", "")) == "float32" for v in eqn.invars[:2]):
+                    cost.f32_matmul_flops += flops
             else:
                 cost.heavy_ops.append(name)
             continue
@@ -236,6 +254,8 @@ def _is_free(eqn: Any) -> bool:
 
 def _merge(into: OutsideCost, worst: OutsideCost, all_costs: list[OutsideCost]) -> None:
     into.flops += worst.flops
+    into.matmul_flops += worst.matmul_flops
+    into.f32_matmul_flops += worst.f32_matmul_flops
     into.transcendentals += worst.transcendentals
     into.bytes_accessed += worst.bytes_accessed
     for op, f in worst.top_ops.items():
@@ -305,6 +325,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         vmem_limit_bytes=getattr(params, "vmem_limit_bytes", None),
         kernel_primitives=sorted(_all_primitives(kernel_jaxpr)),
         flops_per_step=step.flops,
+        f32_matmul_flops_per_step=step.f32_matmul_flops,
         dma_bytes_per_step=step.dma_bytes,
         data_dependent_trips=step.data_dependent_trips or unbounded_grid,
         runs=runs,

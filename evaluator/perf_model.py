@@ -4,9 +4,10 @@ From the kernel's grid, block specs and dtypes (evaluator/traffic.py) and a gene
 published figures (evaluator/hardware.py) it estimates HBM bytes moved, FLOPs, arithmetic
 intensity and a roofline time, and sets them against an *ideal* kernel for the same case:
 each input read once, each output written once, the reference's FLOPs. Assumptions, in
-docs/performance-model.md: one roofline per pallas_call (time = max(FLOPs / peak,
-bytes / bandwidth)), kernels run one after another, glue outside kernels costs its bytes,
-all matmul FLOPs run at the bf16 peak, blocks whose index maps read prefetched scalars are
+docs/performance-model.md: one roofline per pallas_call (time = max(compute time,
+bytes / bandwidth)) plus a fixed cost per grid step, kernels run one after another, glue
+outside kernels costs its bytes, matmuls on float32 operands run at a share of the bf16 peak
+and everything else at the bf16 peak, blocks whose index maps read prefetched scalars are
 charged a fetch on every grid step, a manual DMA moves its (indexed) destination's bytes, a
 loop whose trip count depends on data runs its maximum number of times (evaluator/intervals.py).
 """
@@ -15,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evaluator.hardware import TpuGeneration
-from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
+from evaluator.hardware import GRID_STEP_S, TpuGeneration
+from evaluator.jaxpr_analysis import OutsideCost, PallasCallInfo, TraceSummary
 from tasks.spec import ArgSpec, np_dtype
 
 
@@ -47,6 +48,11 @@ class PerfEstimate:
     slowdown_vs_ideal: float  # time_s / ideal_time_s: 1.0 is as good as the model can tell
     bound: str  # "memory" or "compute", for the estimate
     kernels: list[KernelEstimate]
+    # The ideal kernel with every matmul at the bf16 rate (an f32 task's kernel may feed the
+    # MXU bf16 operands: at default precision that is what the chip computes anyway). No
+    # kernel doing the task's work can be faster than this.
+    floor_time_s: float = 0.0
+    grid_steps: int = 0  # over all kernels and their runs, each costing GRID_STEP_S
 
     @property
     def lower_bound(self) -> bool:
@@ -59,7 +65,7 @@ class PerfEstimate:
                   "bound)" if self.lower_bound else "")
         return (f"static estimate on {self.generation} at {self.case}: {self.time_s * 1e3:.3g} ms "
                 f"({self.bound}-bound, {self.hbm_bytes / mib:,.0f} MiB moved, "
-                f"{self.flops / 1e9:,.1f} GFLOP){caveat}, {self.slowdown_vs_ideal:.2f}x the ideal "
+                f"{self.flops / 1e9:,.1f} GFLOP, {self.grid_steps:,} grid steps){caveat}, {self.slowdown_vs_ideal:.2f}x the ideal "
                 f"kernel's {self.ideal_time_s * 1e3:.3g} ms ({self.ideal_bytes / mib:,.0f} MiB)")
 
 
@@ -75,27 +81,53 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
         moved += fetches * math.prod(block.block_shape) * np_dtype(block.dtype).itemsize
     moved = (moved + call.dma_bytes_per_step * steps) * call.runs
     flops = call.flops
-    return KernelEstimate(call.name, steps, moved, flops, roofline(flops, moved, gen), data_dependent,
+    time_s = roofline(flops, moved, gen, call.f32_matmul_flops) + steps * call.runs * GRID_STEP_S
+    return KernelEstimate(call.name, steps, moved, flops, time_s, data_dependent,
                           call.data_dependent_trips)
 
 
-def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference_flops: float,
+def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: OutsideCost,
              args: list[ArgSpec], outs: list[ArgSpec]) -> PerfEstimate:
+    """`reference`: the reference's cost (evaluator/reference.py) whose FLOPs and matmul FLOPs
+    the ideal kernel does, its matmuls at the f32 rate when the case's float inputs are f32."""
     kernels = [kernel_estimate(c, gen) for c in summary.pallas_calls]
-    glue_bytes = summary.outside.bytes_accessed
+    outside = summary.outside
+    glue_bytes = outside.bytes_accessed
     hbm = sum(k.hbm_bytes for k in kernels) + glue_bytes
-    flops = sum(k.flops for k in kernels) + summary.outside.flops
-    time_s = sum(k.time_s for k in kernels) + roofline(summary.outside.flops, glue_bytes, gen)
+    flops = sum(k.flops for k in kernels) + outside.flops
+    f32_matmul = sum(c.f32_matmul_flops for c in summary.pallas_calls) + outside.f32_matmul_flops
+    time_s = sum(k.time_s for k in kernels) + roofline(outside.flops, glue_bytes, gen,
+                                                       outside.f32_matmul_flops)
     ideal_bytes = float(sum(math.prod(a.shape) * np_dtype(a.dtype).itemsize for a in (*args, *outs)))
-    ideal_time = roofline(reference_flops, ideal_bytes, gen)
-    compute_s = flops / gen.bf16_flops_per_s
+    f32_case = any(a.dtype == "float32" for a in args)
+    ideal_time = roofline(reference.flops, ideal_bytes, gen,
+                          reference.matmul_flops if f32_case else 0.0)
     return PerfEstimate(
         case=case_name, generation=gen.name, hbm_bytes=hbm, flops=flops,
         arithmetic_intensity=flops / hbm if hbm else float("inf"), time_s=time_s,
-        ideal_bytes=ideal_bytes, ideal_flops=reference_flops, ideal_time_s=ideal_time,
+        ideal_bytes=ideal_bytes, ideal_flops=reference.flops, ideal_time_s=ideal_time,
         slowdown_vs_ideal=time_s / ideal_time if ideal_time else float("inf"),
-        bound="compute" if compute_s >= hbm / gen.hbm_bytes_per_s else "memory", kernels=kernels)
+        bound="compute" if compute_time(flops, f32_matmul, gen) >= hbm / gen.hbm_bytes_per_s
+        else "memory", kernels=kernels,
+        floor_time_s=roofline(reference.flops, ideal_bytes, gen),
+        grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)))
 
 
-def roofline(flops: float, hbm_bytes: float, gen: TpuGeneration) -> float:
-    return max(flops / gen.bf16_flops_per_s, hbm_bytes / gen.hbm_bytes_per_s)
+def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration) -> float:
+    """Seconds of arithmetic: f32-operand matmuls at the f32 matmul rate, the rest at the
+    bf16 peak (elementwise work too: the model does not split out the vector units)."""
+    return ((flops - f32_matmul_flops) / gen.bf16_flops_per_s
+            + f32_matmul_flops / gen.f32_matmul_flops_per_s)
+
+
+def roofline(flops: float, hbm_bytes: float, gen: TpuGeneration, f32_matmul_flops: float = 0.0
+             ) -> float:
+    return max(compute_time(flops, f32_matmul_flops, gen), hbm_bytes / gen.hbm_bytes_per_s)
+
+
+def worst_bench_case(estimates: dict[str, dict]) -> tuple[str, dict] | None:
+    """(case, estimate) with the largest slowdown vs the ideal, from a verdict's
+    `details["perf_model"]` (case name -> PerfEstimate as a dict); None if there is none."""
+    if not estimates:
+        return None
+    return max(estimates.items(), key=lambda item: item[1]["slowdown_vs_ideal"])

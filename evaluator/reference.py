@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tasks.spec import Case, Task
+
+if TYPE_CHECKING:
+    from evaluator.jaxpr_analysis import OutsideCost
 
 
 def _jax():
@@ -37,7 +40,7 @@ class ReferenceCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jitted: dict[str, Any] = {}
-        self._flops: dict[tuple[str, str], float] = {}
+        self._costs: dict[tuple[str, str], OutsideCost] = {}
         self._recent: OrderedDict[tuple, tuple[tuple[np.ndarray, ...], list[np.ndarray]]] = OrderedDict()
 
     def inputs(self, task: Task, case: Case, seed: int) -> tuple[np.ndarray, ...]:
@@ -70,18 +73,23 @@ class ReferenceCache:
         return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(result)]
 
     def flops(self, task: Task, case: Case) -> float:
-        from evaluator.jaxpr_analysis import total_flops
+        return self.cost(task, case).flops
+
+    def cost(self, task: Task, case: Case) -> OutsideCost:
+        """What the reference computes at a case (FLOPs, of which matmul FLOPs), traced on
+        float32-upcast inputs like the outputs."""
+        from evaluator.jaxpr_analysis import total_cost
 
         key = (task.name, case.name)
         with self._lock:
-            if key in self._flops:
-                return self._flops[key]
+            if key in self._costs:
+                return self._costs[key]
         jax = _jax()
         specs = [jax.ShapeDtypeStruct(a.shape, "float32" if _is_float(a.dtype) else a.dtype)
                  for a in task.arg_specs(case)]
-        value = total_flops(jax.make_jaxpr(task.reference)(*specs), task.arg_bounds(case))
+        value = total_cost(jax.make_jaxpr(task.reference)(*specs), task.arg_bounds(case))
         with self._lock:
-            self._flops[key] = value
+            self._costs[key] = value
         return value
 
     def _reference_fn(self, task: Task) -> Any:

@@ -48,6 +48,7 @@ class StepCost:
 
     flops: float = 0.0
     dma_bytes: float = 0.0
+    f32_matmul_flops: float = 0.0  # of flops: matmuls on float32 operands
     data_dependent_trips: bool = False  # a while loop of unknown trip count was counted once
 
 
@@ -61,7 +62,8 @@ def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | No
     bytes as indexed (a slot of a VMEM buffer filled from a slice of an HBM array).
     """
     cost = walk_cost(kernel_jaxpr, trips)  # flags any while loop of unknown trip count
-    return StepCost(cost.flops, _dma_bytes(kernel_jaxpr, 1.0, trips), cost.data_dependent_trips)
+    return StepCost(cost.flops, _dma_bytes(kernel_jaxpr, 1.0, trips), cost.f32_matmul_flops,
+                    cost.data_dependent_trips)
 
 
 def _dma_bytes(jaxpr: Any, mult: float, trips: Mapping[int, int | None] | None) -> float:

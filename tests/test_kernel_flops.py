@@ -15,7 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from evaluator import intervals
 from evaluator.hardware import GENERATIONS
-from evaluator.jaxpr_analysis import summarize, total_flops
+from evaluator.jaxpr_analysis import OutsideCost, summarize, total_flops
 from evaluator.perf_model import estimate
 from evaluator.reference import ReferenceCache
 from tasks import all_tasks, get_task
@@ -142,9 +142,10 @@ def test_unknown_trip_count_makes_the_estimate_a_lower_bound():
     args = [ArgSpec(s.shape, str(s.dtype)) for s in LOOP_SPECS]
     outs = [ArgSpec((8, 128), "float32")]
     gen = GENERATIONS["v5e"]
-    flagged = estimate("c", summarize(closed, traffic=True), gen, 1.0, args, outs)
+    reference = OutsideCost(flops=1.0)
+    flagged = estimate("c", summarize(closed, traffic=True), gen, reference, args, outs)
     bounded = estimate("c", summarize(closed, traffic=True, arg_bounds=[None, None, (1, 128)]),
-                       gen, 1.0, args, outs)
+                       gen, reference, args, outs)
     assert flagged.lower_bound and "lower bound" in flagged.summary()
     assert not bounded.lower_bound and "lower bound" not in bounded.summary()
 

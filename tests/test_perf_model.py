@@ -3,9 +3,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from evaluator.hardware import GENERATIONS
-from evaluator.jaxpr_analysis import summarize
+from evaluator.hardware import F32_MATMUL_SHARE, GENERATIONS, GRID_STEP_S
+from evaluator.jaxpr_analysis import OutsideCost, summarize
 from evaluator.perf_model import estimate, kernel_estimate
+from evaluator.reference import ReferenceCache
 from tasks import get_task
 from tests.conftest import HONEST
 
@@ -47,9 +48,10 @@ def test_manual_dma_traffic_is_counted():
 def test_needless_refetch_scores_worse_and_ideal_is_the_floor(gen):
     task, case = _matmul_case()
     args, outs, flops = list(task.arg_specs(case)), list(task.out_specs(case)), 2.0 * N ** 3
-    good = estimate(case.name, _summary(task.solution_source()), GENERATIONS[gen], flops, args, outs)
+    reference = OutsideCost(flops=flops, matmul_flops=flops)
+    good = estimate(case.name, _summary(task.solution_source()), GENERATIONS[gen], reference, args, outs)
     bad = estimate(case.name, _summary((HONEST / "matmul_other_grid_order.py").read_text()),
-                   GENERATIONS[gen], flops, args, outs)
+                   GENERATIONS[gen], reference, args, outs)
     assert good.ideal_bytes == 3 * N * N * 4
     assert good.slowdown_vs_ideal >= 1.0  # the ideal kernel is the floor
     assert good.slowdown_vs_ideal < bad.slowdown_vs_ideal
@@ -63,3 +65,66 @@ def test_estimate_is_in_the_verdict(evaluator):
     model = verdict.details["perf_model"]
     assert set(model) == {c.name for c in get_task("matmul").select("train", "bench")}
     assert "ideal kernel" in verdict.details["perf_estimate"]
+
+
+_COPY_SOURCE = '''
+import jax
+from jax.experimental import pallas as pl
+
+ROWS = {rows}
+
+def _copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+def kernel(x, y):
+    return pl.pallas_call(_copy, grid=(x.shape[0] // ROWS,),
+                          in_specs=[pl.BlockSpec((ROWS, x.shape[1]), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((ROWS, x.shape[1]), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+'''
+
+
+def test_each_grid_step_costs_a_fixed_time():
+    # Same bytes and FLOPs; 8-row blocks take 512 steps, 512-row blocks 8.
+    gen = GENERATIONS["v5e"]
+    (small,) = _summary(_COPY_SOURCE.format(rows=8)).pallas_calls
+    (large,) = _summary(_COPY_SOURCE.format(rows=512)).pallas_calls
+    small_est, large_est = kernel_estimate(small, gen), kernel_estimate(large, gen)
+    assert small_est.hbm_bytes == large_est.hbm_bytes == 2 * N * N * 4
+    assert small_est.time_s - large_est.time_s == pytest.approx((512 - 8) * GRID_STEP_S)
+
+
+_WHOLE_MATMUL_SOURCE = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _mm(x_ref, y_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+def kernel(x, y):
+    return pl.pallas_call(_mm, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+'''
+
+
+def test_f32_matmuls_run_at_the_f32_rate_and_the_ideal_follows_the_case_dtype():
+    gen = GENERATIONS["v5e"]
+    task, case = _matmul_case()
+    summary = _summary(_WHOLE_MATMUL_SOURCE)  # one step, each operand moved once: compute-bound
+    (call,) = summary.pallas_calls
+    assert call.f32_matmul_flops == pytest.approx(2.0 * N ** 3)
+    reference = ReferenceCache().cost(task, case)
+    assert reference.matmul_flops == pytest.approx(2.0 * N ** 3)
+    est = estimate(case.name, summary, gen, reference, list(task.arg_specs(case)),
+                   list(task.out_specs(case)))
+    assert est.bound == "compute"
+    assert est.time_s == pytest.approx(call.flops / gen.f32_matmul_flops_per_s
+                                       + call.grid_steps * GRID_STEP_S, rel=0.02)
+    # The f32 case's ideal does its matmuls at the f32 rate; the floor (for the cheat rule)
+    # at the bf16 peak, which no kernel doing the work can beat.
+    assert est.ideal_time_s == pytest.approx(2.0 * N ** 3 / gen.f32_matmul_flops_per_s)
+    assert est.floor_time_s == pytest.approx(est.ideal_time_s * F32_MATMUL_SHARE)
+    bf16 = next(c for c in task.select("train", "bench") if c.dtype == "bfloat16")
+    bf16_est = estimate(bf16.name, summary, gen, reference, list(task.arg_specs(bf16)),
+                        list(task.out_specs(bf16)))
+    assert bf16_est.ideal_time_s == bf16_est.floor_time_s
