@@ -265,7 +265,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from evaluator.extract import ExtractionError, extract_code
     from evaluator.grader import Evaluator
-    from evaluator.tune import libtpu_installed, tune
+    from evaluator.tune import TuneError, libtpu_installed, tune
 
     task = _resolve_tasks([args.task])[0]
     try:
@@ -298,6 +298,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         try:
             result = tune(task, source, ev, split=args.split, budget_s=args.budget,
                           compile_evaluator=compile_ev, progress=progress)
+        except TuneError as exc:
+            raise UsageError(str(exc).splitlines()[0]) from None
         finally:
             if compile_ev is not None:
                 compile_ev.close()

@@ -29,6 +29,10 @@ MiB = 1 << 20
 VERIFY_AT_MOST = 4  # ranked settings tried in turn when the best fails libtpu or the check
 
 
+class TuneError(ValueError):
+    """The candidate cannot be tuned as given (it fails before any setting is compared)."""
+
+
 @dataclass
 class Trial:
     """One setting of the knobs, as the static stages saw it."""
@@ -104,6 +108,9 @@ def tune(task: Task, source: str, evaluator: Evaluator, split: str = "train",
         return time.perf_counter() - start > budget_s
 
     baseline = evaluate({k.name: k.value for k in knobs})
+    if not baseline.ok:
+        raise TuneError(f"the candidate as given fails the static stages, so there is nothing to "
+                        f"tune: {baseline.message}")
     best = baseline
     exhausted = _coordinate_descent(knobs, options, evaluate, best, out_of_time)
     best = min(seen.values(), key=Trial.key)

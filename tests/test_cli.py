@@ -54,6 +54,8 @@ def test_run_on_a_model_answer_with_a_failing_kernel_still_exits_zero(tmp_path):
     (("run", "--task", "matmull", "--candidate", str(SOLUTION)), "did you mean matmul"),
     (("run", "--task", "matmul", "--candidate", "no/such/file.py"), "not found"),
     (("check-solutions", "--task", "nope"), "unknown task"),
+    (("tune", "--task", "matmul", "--candidate", "no/such/file.py"), "not found"),
+    (("estimate", "--candidate", str(SOLUTION)), "exactly one --task"),
 ])
 def test_usage_errors_exit_2_with_one_line(args, needle):
     result = cli(*args)
@@ -65,3 +67,28 @@ def test_check_solutions_for_one_task():
     result = cli("check-solutions", "--task", "softmax", "--workers", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1/1 solutions correct" in result.stdout
+
+
+def test_estimate_table_for_a_candidate_on_two_generations():
+    result = cli("estimate", "--task", "matmul", "--candidate", str(SOLUTION), "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    for gen in ("v5e", "v6e"):
+        assert row[gen]["slowdown_vs_ideal"] >= 1.0 and row[gen]["hbm_mib"] >= row[gen]["ideal_mib"]
+    # v6e computes 4.7x faster but moves data only 2x faster: the same kernel is further off.
+    assert row["v6e"]["slowdown_vs_ideal"] > row["v5e"]["slowdown_vs_ideal"]
+
+
+def test_tune_refuses_a_candidate_that_fails_as_given():
+    wrong_task = ROOT / "tests" / "candidates" / "work_outside_zeros.py"  # a matmul for softmax
+    result = cli("tune", "--task", "softmax", "--candidate", str(wrong_task))
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and last.startswith("error: the candidate as given fails")
+    assert "missing 1 required positional argument" in last
+
+
+def test_tune_a_kernel_without_knobs_says_how_to_add_them(tmp_path):
+    plain = tmp_path / "plain.py"
+    plain.write_text("def kernel(x):\n    return x\n")
+    result = cli("tune", "--task", "softmax", "--candidate", str(plain))
+    assert result.returncode == 2 and "no block-size knobs" in result.stderr and "# tune" in result.stderr

@@ -1,4 +1,4 @@
-"""Group norm over NHWC activations in two sweeps of the spatial axis.
+"""Group norm over NHWC activations: one read of x, one write of the output.
 
 Grid (sample, phase, spatial block): the sample axis is "parallel", the other two run in order.
 Phase 0 walks the [bh, C] spatial blocks of one sample and accumulates per-channel sums of x
@@ -7,8 +7,13 @@ Phase 1 starts by folding those sums into per-group mean and variance (one small
 a 0/1 same-group matrix built from iota), turns them with gamma and beta into a per-channel
 scale and shift, then walks the blocks again writing x * scale + shift.
 
-The output index map is (sample, phase * block): during phase 0 it stays on block 0, which is
-only written (and then written back) in phase 1, so no unwritten block ever reaches HBM.
+BLOCK_ROWS (4096) covers a whole bench sample ([4096, 512]: 4 MiB in bf16, 8 MiB in f32), so
+a sample is one block: there is then no phase axis at all, the single grid step per sample
+does both sweeps on the resident block, and x is read from HBM exactly once. Samples taller
+than BLOCK_ROWS fall back to the two sweeps (x read twice). The output index map is
+(sample, phase * block): during phase 0 it stays on block 0, which is only written (and then
+written back) in phase 1, so no unwritten block ever reaches HBM. The VMEM limit is raised
+to fit the double-buffered in/out blocks plus the f32 temporaries.
 """
 import functools
 
@@ -18,23 +23,28 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 EPS = 1e-5
-_SLAB_BYTES_F32 = 1 << 20
-_MAX_ROWS = 512
+BLOCK_ROWS = 4096  # spatial rows per block (a whole sample at bench sizes)
+_MIB = 1 << 20
 
 
 def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, scale_ref, shift_ref,
-                      *, hw, groups):
-    phase = pl.program_id(1)
-    j = pl.program_id(2)
+                      *, hw, groups, one_pass):
+    # one_pass: the whole sample is one block and the grid has no phase axis; this step does
+    # both sweeps.
+    phase = 0 if one_pass else pl.program_id(1)
+    j = 0 if one_pass else pl.program_id(2)
     bh, c = x_ref.shape
     cg = c // groups
 
-    @pl.when((phase == 0) & (j == 0))
+    def when(cond):
+        return (lambda f: f()) if one_pass else pl.when(cond)
+
+    @when((phase == 0) & (j == 0))
     def _zero():
         s1_ref[...] = jnp.zeros_like(s1_ref)
         s2_ref[...] = jnp.zeros_like(s2_ref)
 
-    @pl.when(phase == 0)
+    @when(phase == 0)
     def _accumulate():
         x = x_ref[...].astype(jnp.float32)                              # [bh, c]
         if hw % bh:  # ragged last block: its rows past hw hold padding
@@ -43,7 +53,7 @@ def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, scale_r
         s1_ref[...] += jnp.sum(x, axis=0, keepdims=True)                # [1, c]
         s2_ref[...] += jnp.sum(x * x, axis=0, keepdims=True)
 
-    @pl.when((phase == 1) & (j == 0))
+    @when((phase == 1) & (j == 0) if not one_pass else True)
     def _group_stats():
         # Group sums per channel in one MXU product: sums[8, c] @ member[c, c] (rows 0 and 1
         # of sums: sum of x and of x^2 per channel), where
@@ -64,34 +74,49 @@ def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, scale_r
         scale_ref[...] = scale
         shift_ref[...] = beta_ref[...].astype(jnp.float32) - mean * scale
 
-    @pl.when(phase == 1)
+    @when(phase == 1)
     def _normalise():
         x = x_ref[...].astype(jnp.float32)
         o_ref[...] = (x * scale_ref[...] + shift_ref[...]).astype(o_ref.dtype)
 
 
-def _rows_per_block(hw, c, dtype):
+def _rows_per_block(hw, dtype):
+    """BLOCK_ROWS (a multiple of the dtype's sublane tiling), or all of hw if that is fewer."""
     sublane = 8 * max(1, 4 // jnp.dtype(dtype).itemsize)  # 8 rows for f32, 16 for bf16
-    cap = max(sublane, min(_MAX_ROWS, _SLAB_BYTES_F32 // (4 * c)) // sublane * sublane)
+    cap = max(sublane, BLOCK_ROWS // sublane * sublane)
     return hw if hw <= cap else cap
 
 
 @functools.partial(jax.jit, static_argnames=("groups", "bh"))
 def _group_norm(x, gamma, beta, *, groups, bh):
     n, hw, c = x.shape
-    x_spec = pl.BlockSpec((pl.Squeezed(), bh, c), lambda b, p, j: (b, j, 0))
-    out_spec = pl.BlockSpec((pl.Squeezed(), bh, c), lambda b, p, j: (b, j * p, 0))
-    vec_spec = pl.BlockSpec((1, c), lambda b, p, j: (0, 0))
-    body = functools.partial(group_norm_kernel, hw=hw, groups=groups)
+    one_pass = bh == hw
+    if one_pass:
+        grid = (n,)
+        x_spec = pl.BlockSpec((pl.Squeezed(), bh, c), lambda b: (b, 0, 0))
+        out_spec = x_spec
+        vec_spec = pl.BlockSpec((1, c), lambda b: (0, 0))
+        semantics = ("parallel",)
+    else:
+        grid = (n, 2, pl.cdiv(hw, bh))
+        x_spec = pl.BlockSpec((pl.Squeezed(), bh, c), lambda b, p, j: (b, j, 0))
+        out_spec = pl.BlockSpec((pl.Squeezed(), bh, c), lambda b, p, j: (b, j * p, 0))
+        vec_spec = pl.BlockSpec((1, c), lambda b, p, j: (0, 0))
+        semantics = ("parallel", "arbitrary", "arbitrary")
+    # Double-buffered input and output blocks plus a few f32 block-sized temporaries.
+    block_bytes = bh * c * x.dtype.itemsize
+    vmem = 4 * block_bytes + 3 * bh * c * 4 + 4 * _MIB
+    body = functools.partial(group_norm_kernel, hw=hw, groups=groups, one_pass=one_pass)
     return pl.pallas_call(
         body,
-        grid=(n, 2, pl.cdiv(hw, bh)),
+        grid=grid,
         in_specs=[x_spec, vec_spec, vec_spec],
         out_specs=out_spec,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         scratch_shapes=[pltpu.VMEM((1, c), jnp.float32) for _ in range(4)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary")),
+            dimension_semantics=semantics,
+            vmem_limit_bytes=int(min(max(vmem, 32 * _MIB), 100 * _MIB))),
     )(x, gamma.reshape(1, c), beta.reshape(1, c))
 
 
@@ -101,4 +126,4 @@ def kernel(x, gamma, beta):
     if groups * cg != c or beta.shape != gamma.shape:
         raise ValueError(f"expected gamma, beta of shape [G, C // G]: {x.shape=} {gamma.shape=} "
                          f"{beta.shape=}")
-    return _group_norm(x, gamma, beta, groups=groups, bh=_rows_per_block(hw, c, x.dtype))
+    return _group_norm(x, gamma, beta, groups=groups, bh=_rows_per_block(hw, x.dtype))
