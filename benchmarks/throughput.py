@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PALLAS_EVAL_ASSUME_NO_TPU", "1")
 
-from evaluator import worker as worker_module  # noqa: E402
+from evaluator import handlers, jax_hooks  # noqa: E402
 from evaluator.grader import Evaluator, Job  # noqa: E402
+from evaluator.protocol import Done, Reset  # noqa: E402
 from tasks import all_tasks  # noqa: E402
 
 SMALL = [  # (candidate file under tests/candidates, task): each fails before the run stage
@@ -50,12 +51,12 @@ class InProcessWorker:
     alive = True
 
     def __init__(self) -> None:
-        self.state = worker_module._WorkerState(interpret=True)
+        self.state = handlers.WorkerState(interpret=True)
 
-    def call(self, header, arrays=(), timeout_s=None, what=""):
-        if header["cmd"] == "reset":  # sandbox upkeep, not the candidate's own work
-            return {"ok": True}, []
-        return worker_module._HANDLERS[header["cmd"]](self.state, header, list(arrays))
+    def call(self, request, arrays=(), timeout_s=None, what=""):
+        if isinstance(request, Reset):  # sandbox upkeep, not the candidate's own work
+            return Done(), []
+        return handlers.handle(self.state, request, list(arrays))
 
     def kill(self) -> None:
         pass
@@ -92,7 +93,7 @@ def run_warm(jobs: list[Job]) -> tuple[float, list[str]]:
 
 
 def run_in_process(jobs: list[Job]) -> tuple[float, list[str]]:
-    worker_module._install_race_recorder()
+    jax_hooks.install_race_recorder()
     ev = Evaluator(backend="tpu-interpret", pool=InProcessPool())
     ev.grade(jobs[0].task, jobs[0].answer, jobs[0].split, jobs[0].seed)  # import/compile warm-up
     start = time.perf_counter()

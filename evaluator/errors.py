@@ -45,3 +45,19 @@ def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 def first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+def compiler_message(text: str, max_lines: int = 4) -> str:
+    """The compiler's useful lines first: drop status prefixes and boilerplate."""
+    lines = []
+    for raw in text.strip().splitlines():
+        line = raw.strip()
+        for prefix in ("RESOURCE_EXHAUSTED:", "INTERNAL:", "INVALID_ARGUMENT:", "UNKNOWN:",
+                       "XLA:TPU compile permanent error.", "Mosaic failed to compile TPU kernel:"):
+            if line.startswith(prefix):
+                line = line[len(prefix):].strip()
+        if line and not line.startswith(("===", "Traceback", "File ")):
+            lines.append(line if len(line) <= 200 else line[:197] + "...")
+        if len(lines) >= max_lines:
+            break
+    return " | ".join(lines)[:MAX_ERROR_CHARS]

@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 
 from evaluator.backends import default_backend, get_backend
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
+from evaluator.protocol import Reset
 from evaluator.record import StageTiming, Verdict
 from evaluator.reference import ReferenceCache
 from evaluator.sandbox import Limits, WorkerError, WorkerPool
@@ -134,7 +135,7 @@ class Evaluator:
                     ctx.worker.kill()  # a fault can leave JAX's runtime unusable (e.g. after OOM)
                 elif ctx.worker.alive:
                     try:
-                        ctx.worker.call({"cmd": "reset"}, timeout_s=30, what="resetting")
+                        ctx.worker.call(Reset(), timeout_s=30, what="resetting")
                     except WorkerError:
                         pass  # the worker is gone; the pool starts a new one on next use
                 lease.__exit__(None, None, None)

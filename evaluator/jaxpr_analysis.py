@@ -12,41 +12,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from evaluator import intervals
+from evaluator import traffic as traffic_analysis
+from evaluator.jaxpr_cost import Cost, walk
 from evaluator.jaxpr_walk import sub_jaxprs
-
-# Rationale: a matmul or convolution outside a kernel *is* the task for most of the suite,
-# whatever its size, so it is refused outright rather than weighed by cost.
-HEAVY_PRIMITIVES = frozenset({
-    "dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general", "ragged_all_to_all",
-})
-# Rationale: work on the host escapes the kernel entirely (and breaks on real TPUs).
-CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback", "debug_callback", "callback"})
-# Moving or re-typing data costs bytes, not FLOPs: the glue an honest wrapper needs.
-DATA_MOVEMENT_PRIMITIVES = frozenset({
-    "reshape", "broadcast_in_dim", "transpose", "pad", "slice", "dynamic_slice",
-    "dynamic_update_slice", "concatenate", "squeeze", "expand_dims", "convert_element_type",
-    "copy", "copy_p", "select_n", "iota", "gather", "rev", "bitcast_convert_type",
-    "reduce_precision", "device_put", "split", "sharding_constraint", "stop_gradient",
-    "optimization_barrier", "pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
-    "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint", "name", "empty",
-    # Inside kernels: loads and stores of refs (VMEM/SMEM <-> registers), lane rotations,
-    # bitcasts and grid queries. Counted as arithmetic, a kernel that only loads a block and
-    # stores zeros would score 2 FLOPs per element, 40% of a softmax's.
-    "get", "swap", "masked_load", "masked_swap", "roll", "bitcast", "multiple_of",
-    "program_id", "num_programs",
-})
-TRANSCENDENTAL_PRIMITIVES = frozenset({
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "rsqrt",
-    "sqrt", "cbrt", "pow", "erf", "erfc", "erf_inv", "atan2", "asin", "acos", "atan", "sinh",
-    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma",
-})
-# Reductions and scans cost one op per *input* element rather than per output element.
-REDUCTION_PRIMITIVES = frozenset({
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-    "reduce_xor", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp",
-    "reduce", "reduce_precision_sum",
-})
-
 
 @dataclass
 class BlockInfo:
@@ -93,27 +61,9 @@ class PallasCallInfo:
 
 
 @dataclass
-class OutsideCost:
-    """Estimated cost of everything outside pallas_calls."""
-
-    flops: float = 0.0
-    transcendentals: float = 0.0
-    bytes_accessed: float = 0.0
-    # Of `flops`: matmuls and convolutions (MXU work), and those whose operands are float32,
-    # which the performance model runs at the f32 matmul rate (evaluator/hardware.py).
-    matmul_flops: float = 0.0
-    f32_matmul_flops: float = 0.0
-    heavy_ops: list[str] = field(default_factory=list)
-    callbacks: list[str] = field(default_factory=list)
-    top_ops: dict[str, float] = field(default_factory=dict)  # primitive -> flops, for feedback
-    # A while loop with no known maximum trip count was counted once: flops are a lower bound.
-    data_dependent_trips: bool = False
-
-
-@dataclass
 class TraceSummary:
     pallas_calls: list[PallasCallInfo]
-    outside: OutsideCost
+    outside: Cost  # everything outside pallas_calls
     out_shapes: list[tuple[list[int], str]]
 
     @property
@@ -134,154 +84,15 @@ def summarize(closed_jaxpr: Any, traffic: bool = False,
     count at their maximum (evaluator/intervals.py); without them such loops count once."""
     bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
     calls: list[tuple[Any, float]] = []
-    cost = OutsideCost()
-    _walk(closed_jaxpr.jaxpr, 1.0, calls, cost, trips=bounds.loop_trips)
+    cost = walk(closed_jaxpr.jaxpr, bounds.loop_trips, count_heavy=False,
+                on_pallas_call=lambda eqn, runs: calls.append((eqn, runs)))
     outs = [(list(v.aval.shape), str(v.aval.dtype)) for v in closed_jaxpr.jaxpr.outvars]
     infos = [_pallas_info(e, traffic, runs, bounds.pallas_operands.get(id(e))) for e, runs in calls]
     return TraceSummary(infos, cost, outs)
 
 
-def dot_flops(eqn: Any) -> float:
-    """2 * output size * contracted size, the usual multiply-add count."""
-    if eqn.primitive.name == "dot_general":
-        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-        lhs_shape = eqn.invars[0].aval.shape
-        contracted = math.prod(lhs_shape[d] for d in lhs_contract)
-        return 2.0 * _size(eqn.outvars[0].aval) * contracted
-    if eqn.primitive.name.startswith("ragged_dot"):
-        lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-        return 2.0 * lhs[0] * lhs[-1] * rhs[-1]
-    if eqn.primitive.name == "conv_general_dilated":
-        return conv_flops(eqn)
-    return 2.0 * sum(_size(v.aval) for v in eqn.outvars)  # a lower bound for anything else
-
-
-def conv_flops(eqn: Any) -> float:
-    """2 * output size * (kernel window x input features per group): each output element is
-    a dot product over the kernel's window and its group's input features, i.e. over every
-    rhs element but the output-feature axis. (Taps that fall on padding count too, as in
-    XLA's cost analysis.)"""
-    rhs_shape = eqn.invars[1].aval.shape
-    rhs_spec = eqn.params["dimension_numbers"].rhs_spec  # (out features, in features, *window)
-    per_output = math.prod(rhs_shape) // max(int(rhs_shape[rhs_spec[0]]), 1)
-    return 2.0 * _size(eqn.outvars[0].aval) * per_output
-
-
-def total_cost(closed_jaxpr: Any,
-               arg_bounds: Sequence[Sequence[int] | None] | None = None) -> OutsideCost:
-    """What a whole program with no kernels (the reference) computes, matmuls included."""
-    bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
-    return walk_cost(closed_jaxpr.jaxpr, bounds.loop_trips)
-
-
-def total_flops(closed_jaxpr: Any,
-                arg_bounds: Sequence[Sequence[int] | None] | None = None) -> float:
-    """FLOPs of a whole program with no kernels (the reference), matmuls included."""
-    return total_cost(closed_jaxpr, arg_bounds).flops
-
-
-def walk_cost(jaxpr: Any, trips: Mapping[int, int | None] | None = None) -> OutsideCost:
-    """Everything a jaxpr computes, matmuls included (a kernel body), with while loops at the
-    trip counts in `trips` (id(eqn) -> maximum trips, evaluator/intervals.py)."""
-    cost = OutsideCost()
-    _walk(jaxpr, 1.0, [], cost, count_heavy=True, trips=trips)
-    return cost
-
-
-def _walk(jaxpr: Any, mult: float, calls: list[tuple[Any, float]], cost: OutsideCost,
-          count_heavy: bool = False, trips: Mapping[int, int | None] | None = None) -> None:
-    """Cost everything outside pallas_calls into `cost`; collect the pallas_call eqns with
-    the number of times each runs."""
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name == "pallas_call":
-            calls.append((eqn, mult))
-            continue
-        if name in CALLBACK_PRIMITIVES:
-            cost.callbacks.append(name)
-            continue
-        sub = list(sub_jaxprs(eqn))
-        if sub:
-            count, known = trip_count(eqn, trips)
-            cost.data_dependent_trips |= not known
-            inner_mult = mult * count
-            if name == "cond":  # one branch runs: charge the dearest
-                branch_costs = []
-                for j in sub:
-                    c = OutsideCost()
-                    _walk(j, inner_mult, calls, c, count_heavy, trips)
-                    branch_costs.append(c)
-                worst = max(branch_costs, key=lambda c: c.flops)
-                _merge(cost, worst, branch_costs)
-            else:
-                for j in sub:
-                    _walk(j, inner_mult, calls, cost, count_heavy, trips)
-            continue
-        if not _is_free(eqn):
-            nbytes = sum(_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
-            cost.bytes_accessed += mult * nbytes
-        if name in HEAVY_PRIMITIVES:
-            if count_heavy:
-                flops = mult * dot_flops(eqn)
-                cost.flops += flops
-                cost.matmul_flops += flops
-                if any(str(getattr(v.aval, "dtype", "")) == "float32" for v in eqn.invars[:2]):
-                    cost.f32_matmul_flops += flops
-            else:
-                cost.heavy_ops.append(name)
-            continue
-        if name in DATA_MOVEMENT_PRIMITIVES:
-            continue
-        if name in REDUCTION_PRIMITIVES:
-            flops = sum(_size(v.aval) for v in eqn.invars if hasattr(v, "aval"))
-        else:
-            flops = sum(_size(v.aval) for v in eqn.outvars)
-        cost.flops += mult * flops
-        cost.top_ops[name] = cost.top_ops.get(name, 0.0) + mult * flops
-        if name in TRANSCENDENTAL_PRIMITIVES:
-            cost.transcendentals += mult * flops
-
-
-def _is_free(eqn: Any) -> bool:
-    """Ops XLA turns into nothing: reshapes, and pads/slices/casts that change nothing."""
-    if eqn.primitive.name in ("reshape", "squeeze", "expand_dims"):
-        return True
-    ins = [v.aval for v in eqn.invars if hasattr(v, "aval")]
-    outs = [v.aval for v in eqn.outvars]
-    return (eqn.primitive.name in DATA_MOVEMENT_PRIMITIVES and len(outs) == 1 and bool(ins)
-            and getattr(ins[0], "shape", None) == outs[0].shape and ins[0].dtype == outs[0].dtype)
-
-
-def _merge(into: OutsideCost, worst: OutsideCost, all_costs: list[OutsideCost]) -> None:
-    into.flops += worst.flops
-    into.matmul_flops += worst.matmul_flops
-    into.f32_matmul_flops += worst.f32_matmul_flops
-    into.transcendentals += worst.transcendentals
-    into.bytes_accessed += worst.bytes_accessed
-    for op, f in worst.top_ops.items():
-        into.top_ops[op] = into.top_ops.get(op, 0.0) + f
-    for c in all_costs:  # a heavy op or callback in any branch counts
-        into.heavy_ops.extend(c.heavy_ops)
-        into.callbacks.extend(c.callbacks)
-        into.data_dependent_trips |= c.data_dependent_trips
-
-
-def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple[float, bool]:
-    """(times the sub-jaxprs of eqn run, whether that is known). A scan runs `length` times;
-    a while loop its maximum trip count from `trips` (evaluator/intervals.py), else once,
-    unknown; anything else (cond, calls) once."""
-    if eqn.primitive.name == "scan":
-        return float(eqn.params.get("length", 1)), True
-    if eqn.primitive.name == "while":
-        n = (trips or {}).get(id(eqn))
-        return (1.0, False) if n is None else (float(n), True)
-    return 1.0, True
-
-
 def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
                  operand_bounds: list[intervals.Interval] | None = None) -> PallasCallInfo:
-    from evaluator import traffic as traffic_analysis
-
     gm = eqn.params["grid_mapping"]
     grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1 for g in gm.grid)
     static_grid = all(g >= 0 for g in grid)
@@ -311,7 +122,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         params = params.get("mosaic_tpu") or params.get("mosaic")
     semantics = getattr(params, "dimension_semantics", None)
     kernel_jaxpr = eqn.params["jaxpr"]
-    step = traffic_analysis.StepCost()
+    step = Cost()
     if traffic:
         step = traffic_analysis.kernel_cost_per_step(
             kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds))
@@ -395,16 +206,3 @@ def _buffer_count(bm: Any) -> int:
     mode = getattr(bm, "pipeline_mode", None)
     count = getattr(mode, "buffer_count", None)
     return int(count) if count else 2  # Pallas double-buffers blocked operands by default
-
-
-def _size(aval: Any) -> int:
-    return int(math.prod(getattr(aval, "shape", ())))
-
-
-def _nbytes(aval: Any) -> int:
-    dtype = getattr(aval, "dtype", None)
-    try:
-        itemsize = np.dtype(dtype).itemsize
-    except TypeError:
-        itemsize = 4
-    return _size(aval) * itemsize

@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 
 from evaluator.hardware import GRID_STEP_S, TpuGeneration
-from evaluator.jaxpr_analysis import OutsideCost, PallasCallInfo, TraceSummary
+from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
+from evaluator.jaxpr_cost import Cost
 from tasks.spec import ArgSpec, np_dtype
 
 
@@ -86,7 +87,7 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
                           call.data_dependent_trips)
 
 
-def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: OutsideCost,
+def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,
              args: list[ArgSpec], outs: list[ArgSpec]) -> PerfEstimate:
     """`reference`: the reference's cost (evaluator/reference.py) whose FLOPs and matmul FLOPs
     the ideal kernel does, its matmuls at the f32 rate when the case's float inputs are f32."""

@@ -1,106 +1,230 @@
-"""Messages between the host and a worker: a JSON header plus raw array bytes.
+"""The host-worker contract: one dataclass per request and per reply, and their codec.
 
-No pickle in either direction: the worker runs untrusted code, so what it sends back must
-be data the host can decode without executing anything.
+The host (evaluator/stages.py, via evaluator/sandbox.py) sends a request and gets its reply
+or a `Failed`; the worker (evaluator/handlers.py) reads the same classes. On the wire each
+message is a JSON header `{"type": <class name>, ...fields}` plus raw arrays
+(evaluator/wire.py): decoding builds only these dataclasses and plain values, never objects
+named by the peer, so a worker running untrusted code cannot make the host execute anything.
 """
 from __future__ import annotations
 
-import json
-import os
-import select
-import struct
-import time
-from typing import Any, BinaryIO
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
 
-import numpy as np
-
-from tasks.spec import np_dtype
-
-_LEN = struct.Struct("!Q")
-MAX_MESSAGE_BYTES = 1 << 31
+from evaluator.jaxpr_analysis import TraceSummary
+from evaluator.provenance import KernelOrigin
+from evaluator.wire import ProtocolError
 
 
-class ProtocolError(RuntimeError):
-    """The peer sent something that is not a well-formed message."""
+@dataclass
+class CaseSpec:
+    """A case as a worker needs it to trace, lower or compile: argument shapes and dtypes,
+    and inclusive bounds of integer inputs (so data-dependent loops count at their maximum)."""
+
+    name: str
+    args: list[tuple[list[int], str]]
+    arg_bounds: list[tuple[int, int] | None] | None = None
+    traffic: bool = False  # bench sizes: also the traffic analysis the performance model needs
 
 
-class PeerTimeout(TimeoutError):
-    """No complete message arrived before the deadline."""
+# --- requests -------------------------------------------------------------------------------
+@dataclass
+class Load:
+    """Execute the candidate's source as a module; `device_kind` is the TPU that Pallas code
+    asking "which chip is this?" should hear (None on a TPU host)."""
+
+    source: str
+    device_kind: str | None = None
 
 
-class PeerClosed(EOFError):
-    """The peer closed its end (the worker died)."""
+@dataclass
+class Trace:
+    cases: list[CaseSpec]
 
 
-def encode(header: dict[str, Any], arrays: list[np.ndarray] = ()) -> bytes:
-    metas, blobs = [], []
-    for a in arrays:
-        a = np.asarray(a)  # not ascontiguousarray: it turns 0-d (scalar) outputs into shape (1,)
-        metas.append({"dtype": a.dtype.name, "shape": list(a.shape), "nbytes": a.nbytes})
-        blobs.append(a.tobytes())
-    head = json.dumps({**header, "_arrays": metas}).encode()
-    body = b"".join(blobs)
-    return _LEN.pack(len(head)) + _LEN.pack(len(body)) + head + body
+@dataclass
+class Lower:
+    cases: list[CaseSpec]
+    compile: bool = False  # also compile (a real TPU host)
 
 
-def decode(head: bytes, body: bytes) -> tuple[dict[str, Any], list[np.ndarray]]:
+@dataclass
+class Compile:
+    """libtpu compile of one traced case for a described topology (no TPU needed)."""
+
+    topology: str
+    case: CaseSpec
+
+
+@dataclass
+class Run:
+    """Run a traced case on `len(arrays) // nargs` seeds' inputs (the arrays, in order)."""
+
+    case: str
+    nargs: int
+    tpu_numerics: bool = False
+
+
+@dataclass
+class Time:
+    """Time the case's kernel and the task's reference on the same inputs (the arrays)."""
+
+    task: str
+    case: str
+    warmup: int
+    iters: int
+    tpu_numerics: bool = False
+
+
+@dataclass
+class Reset:
+    """Forget the candidate."""
+
+
+@dataclass
+class Ping:
+    echo: Any = None
+
+
+# --- replies --------------------------------------------------------------------------------
+@dataclass
+class Failed:
+    """The request failed. `internal`: the evaluator's own code failed (a bug, raised on the
+    host, never a verdict); otherwise the candidate's code did."""
+
+    error_type: str
+    error: str
+    case: str | None = None  # which case, for requests over several
+    phase: str | None = None  # Lower: "lowering" or "compile"
+    internal: bool = False
+
+
+@dataclass
+class Ready:
+    pid: int
+    jax: str
+    isolation: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class Refused:
+    """The worker cannot serve at all (e.g. a jax hook it needs is gone): an evaluator bug."""
+
+    error: str
+
+
+@dataclass
+class Done:
+    """A request that succeeded with nothing to say (Load, Lower, Reset)."""
+
+
+@dataclass
+class TracedCase:
+    case: str
+    summary: TraceSummary
+    origins: list[KernelOrigin]
+
+
+@dataclass
+class Traced:
+    cases: list[TracedCase]
+
+
+@dataclass
+class Compiled:
+    memory: dict[str, int]  # the compiler's memory statistics, bytes
+
+
+@dataclass
+class SeedResult:
+    """One seed of a Run: `n_outputs` arrays follow in the reply's arrays when ok."""
+
+    ok: bool
+    error_type: str | None = None
+    error: str | None = None
+    n_outputs: int = 0
+    non_arrays: list[str] = field(default_factory=list)  # type names of leaves that are not arrays
+    tree: str = ""  # the output's pytree structure, for feedback
+    seconds: float = 0.0
+
+
+@dataclass
+class Ran:
+    results: list[SeedResult]
+
+
+@dataclass
+class Timed:
+    """Per-call wall times; the kernel's outputs of the timed inputs follow as arrays."""
+
+    kernel_s: list[float]
+    reference_s: list[float]
+
+
+@dataclass
+class Pong:
+    echo: Any = None
+
+
+Request = Union[Load, Trace, Lower, Compile, Run, Time, Reset, Ping]
+Reply = Union[Failed, Ready, Refused, Done, Traced, Compiled, Ran, Timed, Pong]
+MESSAGES: dict[str, type] = {cls.__name__: cls for cls in (*typing.get_args(Request), *typing.get_args(Reply))}
+
+
+def to_header(message: Any) -> dict[str, Any]:
+    """A message as a JSON-able header."""
+    if type(message).__name__ not in MESSAGES:
+        raise TypeError(f"{type(message).__name__} is not a protocol message")
+    return {"type": type(message).__name__, **_plain(message)}
+
+
+def from_header(header: dict[str, Any]) -> Any:
+    """The message a header encodes; ProtocolError for anything else."""
+    header = dict(header)
+    cls = MESSAGES.get(header.pop("type", None))
+    if cls is None:
+        raise ProtocolError(f"unknown message type in {sorted(header)[:5]}")
     try:
-        header = json.loads(head)
-        metas = header.pop("_arrays")
-        arrays, offset = [], 0
-        for m in metas:
-            n = int(m["nbytes"])
-            chunk = body[offset: offset + n]
-            arrays.append(np.frombuffer(chunk, np_dtype(m["dtype"])).reshape(m["shape"]))
-            offset += n
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ProtocolError(f"malformed message: {exc}") from None
-    return header, arrays
+        return _build(cls, header)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ProtocolError(f"malformed {cls.__name__}: {exc}") from None
 
 
-def write_message(stream: BinaryIO, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:
-    stream.write(encode(header, arrays))
-    stream.flush()
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
-def read_message(stream: BinaryIO) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """Blocking read, used by the worker on its request pipe."""
-    lengths = _read_exact_blocking(stream, 2 * _LEN.size)
-    head_len, body_len = _LEN.unpack(lengths[:8])[0], _LEN.unpack(lengths[8:])[0]
-    return decode(_read_exact_blocking(stream, head_len), _read_exact_blocking(stream, body_len))
-
-
-def read_message_fd(fd: int, deadline: float) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """Read one message from a raw fd, giving up at `deadline` (time.monotonic())."""
-    lengths = _read_exact_fd(fd, 2 * _LEN.size, deadline)
-    head_len, body_len = _LEN.unpack(lengths[:8])[0], _LEN.unpack(lengths[8:])[0]
-    if head_len + body_len > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {head_len + body_len} bytes is too large")
-    return decode(_read_exact_fd(fd, head_len, deadline), _read_exact_fd(fd, body_len, deadline))
-
-
-def _read_exact_blocking(stream: BinaryIO, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = stream.read(n - got)
-        if not chunk:
-            raise PeerClosed("peer closed the pipe")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def _read_exact_fd(fd: int, n: int, deadline: float) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise PeerTimeout("no reply before the deadline")
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise PeerClosed("peer closed the pipe")
-        buf += chunk
-    return bytes(buf)
+def _build(tp: Any, value: Any) -> Any:
+    """`value` (decoded JSON) as an instance of the type annotation `tp`."""
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp) if f.init}
+        extra = set(value) - known
+        if extra:
+            raise TypeError(f"unexpected fields {sorted(extra)}")
+        return tp(**{name: _build(hints[name], v) for name, v in value.items()})
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None:
+            return None
+        return _build(next(a for a in args if a is not type(None)), value)
+    if origin is list:
+        return [_build(args[0], v) for v in value]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v) for v in value)
+        if len(args) != len(value):
+            raise ValueError(f"expected {len(args)} items, got {len(value)}")
+        return tuple(_build(a, v) for a, v in zip(args, value))
+    if origin is dict:
+        return {k: _build(args[1], v) for k, v in value.items()}
+    return value

@@ -14,7 +14,7 @@ import numpy as np
 from tasks.spec import Case, Task
 
 if TYPE_CHECKING:
-    from evaluator.jaxpr_analysis import OutsideCost
+    from evaluator.jaxpr_cost import Cost
 
 
 def _jax():
@@ -40,7 +40,7 @@ class ReferenceCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jitted: dict[str, Any] = {}
-        self._costs: dict[tuple[str, str], OutsideCost] = {}
+        self._costs: dict[tuple[str, str], Cost] = {}
         self._recent: OrderedDict[tuple, tuple[tuple[np.ndarray, ...], list[np.ndarray]]] = OrderedDict()
 
     def inputs(self, task: Task, case: Case, seed: int) -> tuple[np.ndarray, ...]:
@@ -75,10 +75,10 @@ class ReferenceCache:
     def flops(self, task: Task, case: Case) -> float:
         return self.cost(task, case).flops
 
-    def cost(self, task: Task, case: Case) -> OutsideCost:
+    def cost(self, task: Task, case: Case) -> Cost:
         """What the reference computes at a case (FLOPs, of which matmul FLOPs), traced on
         float32-upcast inputs like the outputs."""
-        from evaluator.jaxpr_analysis import total_cost
+        from evaluator.jaxpr_cost import total_cost
 
         key = (task.name, case.name)
         with self._lock:

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from evaluator import protocol
+from evaluator import protocol, wire
 from evaluator.backends import Backend
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ class Limits:
     compile_timeout_s: float = 300.0  # one libtpu compile (tpu-compile); over-sized VMEM fails slowly
     startup_timeout_s: float = 90.0  # importing JAX in a new worker
     memory_gb: float = 8.0           # address space of a worker
-    max_tasks: int = 512             # processes + threads of a worker (JAX itself runs ~30)
+    max_processes: int = 512         # processes + threads of a worker (JAX itself runs ~30)
     max_jobs_per_worker: int = 200   # recycle now and then so leaks cannot accumulate
 
 
@@ -90,15 +90,15 @@ class Worker:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log, cwd=workdir, env=env, start_new_session=True)
         self.jobs = 0
-        self.cgroup = _limit_tasks(self.proc.pid, self.limits.max_tasks)
-        header, _ = self._receive(self.limits.startup_timeout_s, "starting the worker")
-        if header.get("internal"):  # the evaluator cannot work here: loud, never a verdict
+        self.cgroup = _limit_processes(self.proc.pid, self.limits.max_processes)
+        ready, _ = self._receive(self.limits.startup_timeout_s, "starting the worker")
+        if isinstance(ready, protocol.Refused):  # the evaluator cannot work here: loud, never a verdict
             self.kill()
-            raise EvaluatorBug(f"the worker refused to start: {header.get('error')}")
-        if not header.get("ready"):
+            raise EvaluatorBug(f"the worker refused to start: {ready.error}")
+        if not isinstance(ready, protocol.Ready):
             self.kill()
-            raise WorkerError("crash", f"worker failed to start: {header}")
-        self.isolation = {**header.get("isolation", {}), "process_limit": self.cgroup is not None}
+            raise WorkerError("crash", f"worker failed to start: {ready}")
+        self.isolation = {**ready.isolation, "process_limit": self.cgroup is not None}
 
     @property
     def alive(self) -> bool:
@@ -130,28 +130,32 @@ class Worker:
             self.root = None
 
     # -- requests -----------------------------------------------------------------------
-    def call(self, header: dict[str, Any], arrays: list[np.ndarray] = (),
-             timeout_s: float | None = None, what: str = "") -> tuple[dict[str, Any], list[np.ndarray]]:
+    def call(self, request: protocol.Request, arrays: list[np.ndarray] = (),
+             timeout_s: float | None = None, what: str = "") -> tuple[protocol.Reply, list[np.ndarray]]:
+        """Send a request (evaluator/protocol.py); its reply, or `Failed` when the candidate's
+        code failed. Raises WorkerError if the worker hangs or dies, EvaluatorBug if our own
+        code failed in it."""
+        what = what or type(request).__name__.lower()
         if not self.alive:
             self.start()
         try:
-            protocol.write_message(self.proc.stdin, header, list(arrays))
+            wire.write_message(self.proc.stdin, protocol.to_header(request), list(arrays))
         except (BrokenPipeError, OSError):
-            raise self._crashed(what or header.get("cmd", "")) from None
-        reply = self._receive(timeout_s or self.limits.step_timeout_s, what or header.get("cmd", ""))
-        if reply[0].get("internal"):
-            raise EvaluatorBug(f"the worker failed while {what or header.get('cmd')}: "
-                               f"{reply[0]['error_type']}: {reply[0]['error']}")
-        return reply
+            raise self._crashed(what) from None
+        reply, out = self._receive(timeout_s or self.limits.step_timeout_s, what)
+        if isinstance(reply, protocol.Failed) and reply.internal:
+            raise EvaluatorBug(f"the worker failed while {what}: {reply.error_type}: {reply.error}")
+        return reply, out
 
-    def _receive(self, timeout_s: float, what: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def _receive(self, timeout_s: float, what: str) -> tuple[protocol.Reply, list[np.ndarray]]:
         deadline = time.monotonic() + timeout_s
         try:
-            return protocol.read_message_fd(self.proc.stdout.fileno(), deadline)
-        except protocol.PeerTimeout:
+            header, arrays = wire.read_message_fd(self.proc.stdout.fileno(), deadline)
+            return protocol.from_header(header), arrays
+        except wire.PeerTimeout:
             self.kill()
             raise WorkerError("timeout", f"no result after {timeout_s:g} s while {what}") from None
-        except (protocol.PeerClosed, protocol.ProtocolError):
+        except (wire.PeerClosed, wire.ProtocolError):
             raise self._crashed(what) from None
 
     def _crashed(self, what: str) -> WorkerError:
@@ -186,8 +190,8 @@ class Worker:
 _PIDS_CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))  # cgroup v1, v2
 
 
-def _limit_tasks(pid: int, max_tasks: int) -> Path | None:
-    """Put a worker in its own pids cgroup (processes + threads <= max_tasks): a fork bomb
+def _limit_processes(pid: int, max_processes: int) -> Path | None:
+    """Put a worker in its own pids cgroup (processes + threads <= max_processes): a fork bomb
     fails with EAGAIN instead of taking the machine. Best effort: None where cgroups are not
     writable (RLIMIT_NPROC would not help: it does not bind root, and counts per user)."""
     for root in _PIDS_CGROUP_ROOTS:
@@ -196,7 +200,7 @@ def _limit_tasks(pid: int, max_tasks: int) -> Path | None:
         group = root / f"pallas-eval-{pid}"
         try:
             group.mkdir(exist_ok=True)
-            (group / "pids.max").write_text(str(max_tasks))
+            (group / "pids.max").write_text(str(max_processes))
             (group / "cgroup.procs").write_text(str(pid))
             return group
         except OSError:

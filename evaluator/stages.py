@@ -19,7 +19,9 @@ from evaluator.backends import Backend
 from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
-from evaluator.jaxpr_analysis import BlockInfo, OutsideCost, PallasCallInfo, TraceSummary
+from evaluator.jaxpr_analysis import TraceSummary
+from evaluator.protocol import (CaseSpec, Compile, Failed, Load, Lower, Run, SeedResult, Time,
+                                Trace)
 from evaluator.provenance import KernelOrigin
 from evaluator.record import CaseResult, Verdict
 from evaluator.reference import ReferenceCache, case_seeds
@@ -76,11 +78,11 @@ class GradingContext:
         return self.task.select(self.split, "check")
 
 
-def case_request(task: Task, case: Case) -> dict[str, Any]:
+def case_spec(task: Task, case: Case, traffic: bool = False) -> CaseSpec:
     """What a worker needs to trace, lower or compile a case: its name, argument specs and the
     bounds of its integer inputs (so data-dependent loops count at their maximum)."""
-    return {"name": case.name, "args": [[list(a.shape), a.dtype] for a in task.arg_specs(case)],
-            "arg_bounds": task.arg_bounds(case)}
+    return CaseSpec(case.name, [(list(a.shape), a.dtype) for a in task.arg_specs(case)],
+                    task.arg_bounds(case), traffic)
 
 
 # --- 1. extract ---------------------------------------------------------------------------
@@ -111,11 +113,10 @@ def policy_stage(ctx: GradingContext) -> Failure | None:
 def load_stage(ctx: GradingContext) -> Failure | None:
     # Without a TPU, Pallas code that asks which chip it runs on hears the target generation.
     device_kind = None if ctx.backend.device_compile else ctx.generation.device_kind
-    reply, _ = ctx.worker.call({"cmd": "load", "source": ctx.source, "device_kind": device_kind},
-                               what="loading the module")
-    if not reply["ok"]:
-        return Failure("import_error", f"executing the module failed: {reply['error_type']}: "
-                                       f"{reply['error']}", reply["error_type"], reply["error"])
+    reply, _ = ctx.worker.call(Load(ctx.source, device_kind), what="loading the module")
+    if isinstance(reply, Failed):
+        return Failure("import_error", f"executing the module failed: {reply.error_type}: "
+                                       f"{reply.error}", reply.error_type, reply.error)
     return None
 
 
@@ -123,15 +124,15 @@ def load_stage(ctx: GradingContext) -> Failure | None:
 def structure_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
     # Bench sizes also get the traffic analysis that the performance model needs.
-    requests = [{**case_request(ctx.task, c), "traffic": c.size == "bench"} for c in cases]
-    reply, _ = ctx.worker.call({"cmd": "trace", "cases": requests}, what="tracing kernel()")
-    if not reply["ok"]:
-        case = next(c for c in cases if c.name == reply["case"])
+    specs = [case_spec(ctx.task, c, traffic=c.size == "bench") for c in cases]
+    reply, _ = ctx.worker.call(Trace(specs), what="tracing kernel()")
+    if isinstance(reply, Failed):
+        case = next(c for c in cases if c.name == reply.case)
         return Failure("lowering_error", f"tracing kernel() failed at case {case.describe()}: "
-                                         f"{reply['error_type']}: {reply['error']}",
-                       reply["error_type"], reply["error"])
-    ctx.summaries = {s["case"]: _summary_from_dict(s) for s in reply["summaries"]}
-    ctx.origins = {s["case"]: [KernelOrigin(**o) for o in s["origins"]] for s in reply["summaries"]}
+                                         f"{reply.error_type}: {reply.error}",
+                       reply.error_type, reply.error)
+    ctx.summaries = {t.case: t.summary for t in reply.cases}
+    ctx.origins = {t.case: t.origins for t in reply.cases}
     for case in cases:
         summary = ctx.summaries[case.name]
         out = summary.outside
@@ -222,15 +223,14 @@ def features_stage(ctx: GradingContext) -> Failure | None:
 # --- 6. lowering (Pallas -> Mosaic) and compilation for TPU ---------------------------------
 def lowering_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
-    reply, _ = ctx.worker.call({"cmd": "lower", "cases": [case_request(ctx.task, c) for c in cases],
-                                "compile": ctx.backend.device_compile},
+    reply, _ = ctx.worker.call(Lower([case_spec(ctx.task, c) for c in cases],
+                                     compile=ctx.backend.device_compile),
                                what="lowering kernel() for TPU")
-    if not reply["ok"]:
-        case = next(c for c in cases if c.name == reply["case"])
-        status = "compile_error" if reply["phase"] == "compile" else "lowering_error"
-        return Failure(status, f"{reply['phase']} for TPU failed at case {case.describe()}: "
-                               f"{reply['error_type']}: {reply['error']}",
-                       reply["error_type"], reply["error"])
+    if isinstance(reply, Failed):
+        case = next(c for c in cases if c.name == reply.case)
+        status = "compile_error" if reply.phase == "compile" else "lowering_error"
+        return Failure(status, f"{reply.phase} for TPU failed at case {case.describe()}: "
+                               f"{reply.error_type}: {reply.error}", reply.error_type, reply.error)
     if ctx.backend.device_compile:
         return None  # the real compiler has spoken; no need for the model
     # The model first: it is instant, and libtpu can take minutes to reject a huge request.
@@ -245,14 +245,13 @@ def _topology_compile(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     gen = ctx.generation
     memory = ctx.verdict.details.setdefault("compiled_memory", {})
     for case in cases:
-        reply, _ = ctx.worker.call({"cmd": "compile", "topology": gen.topology,
-                                    "case": case_request(ctx.task, case)},
+        reply, _ = ctx.worker.call(Compile(gen.topology, case_spec(ctx.task, case)),
                                    timeout_s=ctx.worker.limits.compile_timeout_s,
                                    what=f"compiling case {case.name} for TPU {gen.name}")
-        if not reply["ok"]:
+        if isinstance(reply, Failed):
             return Failure("compile_error", f"the TPU compiler for {gen.name} rejected case "
-                           f"{case.describe()}: {reply['error']}", reply["error_type"], reply["error"])
-        memory[case.name] = reply["memory"]
+                           f"{case.describe()}: {reply.error}", reply.error_type, reply.error)
+        memory[case.name] = reply.memory
     return None
 
 
@@ -336,21 +335,20 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
     task = ctx.task
     inputs_per_seed = [ctx.references.inputs(task, case, s) for s in result.seeds]
     arrays = [a for inputs in inputs_per_seed for a in inputs]
-    reply, outputs = ctx.worker.call({"cmd": "run", "case": case.name, "nargs": len(inputs_per_seed[0]),
-                                      "tpu_numerics": ctx.tpu_numerics},
+    reply, outputs = ctx.worker.call(Run(case.name, len(inputs_per_seed[0]), ctx.tpu_numerics),
                                      arrays, what=f"running case {case.name}")
     expected = list(task.out_specs(case))
     offset, run_s = 0, 0.0
     worst = None  # (comparison, seed, output index, out, ref): the failing one, else the largest error
     result.bound_ratio = 0.0
-    for seed, seed_result in zip(result.seeds, reply["results"]):
-        if not seed_result["ok"]:
-            result.error = f"{seed_result['error_type']}: {seed_result['error'].rstrip('.')}"
+    for seed, seed_result in zip(result.seeds, reply.results):
+        if not seed_result.ok:
+            result.error = f"{seed_result.error_type}: {seed_result.error.rstrip('.')}"
             return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
-                                            f"{result.error}.", seed_result["error_type"], seed_result["error"])
-        run_s += seed_result["seconds"]
-        got = outputs[offset: offset + seed_result["n_outputs"]]
-        offset += seed_result["n_outputs"]
+                                            f"{result.error}.", seed_result.error_type, seed_result.error)
+        run_s += seed_result.seconds
+        got = outputs[offset: offset + seed_result.n_outputs]
+        offset += seed_result.n_outputs
         shape_problem = _shape_problem(got, expected, seed_result)
         if shape_problem:
             result.error = shape_problem
@@ -380,11 +378,11 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
                    f"(expected {float(ref[where]):.4g}, got {float(np.asarray(out[where], np.float64)):.4g}).")
 
 
-def _shape_problem(got: list[np.ndarray], expected: list, seed_result: dict) -> str:
-    if seed_result["non_arrays"]:
-        return f"kernel() returned non-array values ({', '.join(seed_result['non_arrays'])})"
+def _shape_problem(got: list[np.ndarray], expected: list, seed_result: SeedResult) -> str:
+    if seed_result.non_arrays:
+        return f"kernel() returned non-array values ({', '.join(seed_result.non_arrays)})"
     if len(got) != len(expected):
-        return f"expected {len(expected)} output array(s), got {len(got)} ({seed_result['tree']})"
+        return f"expected {len(expected)} output array(s), got {len(got)} ({seed_result.tree})"
     for i, (out, spec) in enumerate(zip(got, expected)):
         label = f"output {i}" if len(expected) > 1 else "the output"
         if tuple(out.shape) != tuple(spec.shape):
@@ -407,19 +405,17 @@ def timing_stage(ctx: GradingContext) -> Failure | None:
     for case in bench:
         # Bench-size arrays are large: made here for this case alone, never cached.
         inputs = ctx.task.make_inputs(case, np.random.default_rng(ctx.base_seed))
-        reply, outputs = ctx.worker.call({"cmd": "time", "task": ctx.task.name, "case": case.name,
-                                          "warmup": 3, "iters": 20, "tpu_numerics": ctx.tpu_numerics},
-                                         list(inputs),
-                                         what=f"timing case {case.name}")
-        if not reply["ok"]:
+        reply, outputs = ctx.worker.call(Time(ctx.task.name, case.name, warmup=3, iters=20,
+                                              tpu_numerics=ctx.tpu_numerics),
+                                         list(inputs), what=f"timing case {case.name}")
+        if isinstance(reply, Failed):
             return Failure("runtime_error", f"timing case {case.describe()} failed: "
-                           f"{reply.get('error_type')}: {reply.get('error')}",
-                           reply.get("error_type"), reply.get("error"))
+                           f"{reply.error_type}: {reply.error}", reply.error_type, reply.error)
         failure = _timed_output_failure(ctx, case, outputs, ctx.references.outputs(ctx.task, inputs))
         if failure is not None:
             return failure
-        samples[case.name] = {"kernel_s": reply["kernel_s"], "reference_s": reply["reference_s"]}
-        ratios.append(statistics.median(reply["reference_s"]) / statistics.median(reply["kernel_s"]))
+        samples[case.name] = {"kernel_s": reply.kernel_s, "reference_s": reply.reference_s}
+        ratios.append(statistics.median(reply.reference_s) / statistics.median(reply.kernel_s))
     ctx.verdict.timings = samples
     ctx.verdict.speedup = statistics.median(ratios) if ratios else None
     return None
@@ -467,11 +463,3 @@ def correct_message(ctx: GradingContext) -> str:
     if ctx.verdict.speedup is not None:
         text += f" Speedup over XLA: {ctx.verdict.speedup:.2f}x."
     return text
-
-
-def _summary_from_dict(d: dict[str, Any]) -> TraceSummary:
-    calls = [PallasCallInfo(**{**c, "blocks": [BlockInfo(**b) for b in c["blocks"]],
-                                "scratch": [tuple(s) for s in c["scratch"]]})
-             for c in d["pallas_calls"]]
-    return TraceSummary(calls, OutsideCost(**d["outside"]), [tuple(o) for o in d["out_shapes"]])
-

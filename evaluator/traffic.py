@@ -9,13 +9,11 @@ We get the index sequence by evaluating the BlockSpec's index map at every grid 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
-from evaluator.jaxpr_analysis import trip_count, walk_cost
-from evaluator.jaxpr_walk import sub_jaxprs
+from evaluator.jaxpr_cost import Cost, walk
 
 MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead of evaluating
 
@@ -42,18 +40,8 @@ def block_fetches(block_mapping: Any, grid: tuple[int, ...]) -> int | None:
     return 1 + changes
 
 
-@dataclass
-class StepCost:
-    """What one grid step of a kernel body computes and copies by its own DMAs."""
-
-    flops: float = 0.0
-    dma_bytes: float = 0.0
-    f32_matmul_flops: float = 0.0  # of flops: matmuls on float32 operands
-    data_dependent_trips: bool = False  # a while loop of unknown trip count was counted once
-
-
 def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | None = None
-                         ) -> StepCost:
+                         ) -> Cost:
     """FLOPs and bytes copied by manual DMAs for one grid step of the kernel body.
 
     Matmuls count 2 x output x contraction, other arithmetic one per element; loops count
@@ -61,34 +49,4 @@ def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | No
     once and flagged), a pl.when counts its dearer branch. A DMA moves its destination's
     bytes as indexed (a slot of a VMEM buffer filled from a slice of an HBM array).
     """
-    cost = walk_cost(kernel_jaxpr, trips)  # flags any while loop of unknown trip count
-    return StepCost(cost.flops, _dma_bytes(kernel_jaxpr, 1.0, trips), cost.f32_matmul_flops,
-                    cost.data_dependent_trips)
-
-
-def _dma_bytes(jaxpr: Any, mult: float, trips: Mapping[int, int | None] | None) -> float:
-    total = 0.0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dma_start":
-            total += mult * _dma_dst_bytes(eqn)
-            continue
-        inner = mult * trip_count(eqn, trips)[0]
-        branches = [_dma_bytes(j, inner, trips) for j in sub_jaxprs(eqn)]
-        if branches:
-            total += max(branches) if eqn.primitive.name == "cond" else sum(branches)
-    return total
-
-
-def _dma_dst_bytes(eqn: Any) -> float:
-    """Bytes a dma_start writes: its destination as indexed (`buf.at[slot, rows]`, from the
-    eqn's `tree` of (src, dst, semaphores...)), else the whole destination buffer."""
-    try:
-        dst = eqn.params["tree"].unflatten([getattr(v, "aval", None) for v in eqn.invars])[1]
-        return float(math.prod(dst.shape) * np.dtype(dst.dtype).itemsize)
-    except Exception:  # noqa: BLE001  (another jax's layout of the operands)
-        refs = [v.aval for v in eqn.invars  # refs (not index scalars), semaphores excluded
-                if hasattr(getattr(v, "aval", None), "inner_aval")
-                and "sem" not in str(v.aval.memory_space).lower()]
-        if len(refs) < 2:
-            return 0.0
-        return float(math.prod(refs[1].shape) * np.dtype(refs[1].dtype).itemsize)
+    return walk(kernel_jaxpr, trips)

@@ -15,7 +15,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from evaluator import intervals
 from evaluator.hardware import GENERATIONS
-from evaluator.jaxpr_analysis import OutsideCost, summarize, total_flops
+from evaluator.jaxpr_analysis import summarize
+from evaluator.jaxpr_cost import Cost, total_flops
 from evaluator.perf_model import estimate
 from evaluator.reference import ReferenceCache
 from tasks import all_tasks, get_task
@@ -142,7 +143,7 @@ def test_unknown_trip_count_makes_the_estimate_a_lower_bound():
     args = [ArgSpec(s.shape, str(s.dtype)) for s in LOOP_SPECS]
     outs = [ArgSpec((8, 128), "float32")]
     gen = GENERATIONS["v5e"]
-    reference = OutsideCost(flops=1.0)
+    reference = Cost(flops=1.0)
     flagged = estimate("c", summarize(closed, traffic=True), gen, reference, args, outs)
     bounded = estimate("c", summarize(closed, traffic=True, arg_bounds=[None, None, (1, 128)]),
                        gen, reference, args, outs)

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import pytest
 
 from evaluator.hardware import F32_MATMUL_SHARE, GENERATIONS, GRID_STEP_S
-from evaluator.jaxpr_analysis import OutsideCost, summarize
+from evaluator.jaxpr_analysis import summarize
+from evaluator.jaxpr_cost import Cost
 from evaluator.knobs import find_knobs, rewrite
 from evaluator.perf_model import estimate, kernel_estimate
 from evaluator.reference import ReferenceCache
@@ -56,7 +57,7 @@ def test_manual_dma_traffic_is_counted():
 def test_needless_refetch_scores_worse_and_ideal_is_the_floor(gen):
     task, case = _matmul_case()
     args, outs, flops = list(task.arg_specs(case)), list(task.out_specs(case)), 2.0 * N ** 3
-    reference = OutsideCost(flops=flops, matmul_flops=flops)
+    reference = Cost(flops=flops, matmul_flops=flops)
     good = estimate(case.name, _summary(_matmul_with_blocks(512)), GENERATIONS[gen], reference, args, outs)
     bad = estimate(case.name, _summary((HONEST / "matmul_other_grid_order.py").read_text()),
                    GENERATIONS[gen], reference, args, outs)

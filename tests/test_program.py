@@ -187,18 +187,19 @@ def test_candidate_modules_are_registered_and_removed(tmp_path, monkeypatch):
     """In this process: load registers a fresh module name, reset removes it."""
     import sys
 
-    from evaluator import worker
+    from evaluator import handlers
+    from evaluator.protocol import Done, Load, Reset
 
     monkeypatch.chdir(tmp_path)  # reset empties the working directory
-    state = worker._WorkerState(interpret=True)
+    state = handlers.WorkerState(interpret=True)
     names = []
     for _ in range(2):
-        reply, _ = worker._load(state, {"source": DATACLASS_CONFIG.format()}, [])
-        assert reply["ok"], reply
+        reply, _ = handlers.handle(state, Load(DATACLASS_CONFIG.format()), [])
+        assert isinstance(reply, Done), reply
         names.append(state.module.__name__)
         assert sys.modules[names[-1]] is state.module
         assert state.module.Blocks.__module__ == names[-1]
-        worker._reset(state, {}, [])
+        handlers.handle(state, Reset(), [])
         assert names[-1] not in sys.modules
     assert names[0] != names[1]
 
@@ -206,15 +207,15 @@ def test_candidate_modules_are_registered_and_removed(tmp_path, monkeypatch):
 def test_a_missing_race_hook_stops_the_worker_loudly(monkeypatch):
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from evaluator import worker
+    from evaluator import jax_hooks
 
     @dataclasses.dataclass
     class NoRaceFlag:  # what a jax upgrade could leave behind
         num_cores: int
 
     monkeypatch.setattr(ipc, "RaceDetectionState", NoRaceFlag)
-    with pytest.raises(worker.HookError, match="races_found"):
-        worker._install_race_recorder()
+    with pytest.raises(jax_hooks.HookError, match="races_found"):
+        jax_hooks.install_race_recorder()
 
 
 def test_replay_runs_the_traced_jaxpr_through_control_flow():

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from evaluator.backends import get_backend
+from evaluator.protocol import (CaseSpec, Done, Failed, Load, Lower, Ping, Pong, Reset, Trace,
+                                Traced)
 from evaluator.sandbox import Limits, Worker, WorkerError, WorkerPool
 
 
@@ -21,15 +23,15 @@ def worker():
     w.kill()
 
 
-def load(worker, source):
-    return worker.call({"cmd": "load", "source": source})[0]
+def load(worker, source, device_kind=None):
+    return worker.call(Load(source, device_kind))[0]
 
 
 def test_worker_is_reused_between_requests(worker):
-    assert load(worker, "def kernel(x):\n    return x\n")["ok"]
+    assert isinstance(load(worker, "def kernel(x):\n    return x\n"), Done)
     pid = worker.proc.pid
-    worker.call({"cmd": "reset"})
-    assert load(worker, "def kernel(x):\n    return x\n")["ok"]
+    worker.call(Reset())
+    assert isinstance(load(worker, "def kernel(x):\n    return x\n"), Done)
     assert worker.proc.pid == pid
 
 
@@ -37,7 +39,7 @@ def test_hard_exit_becomes_a_crash_and_the_next_call_gets_a_fresh_worker(worker)
     with pytest.raises(WorkerError) as info:
         load(worker, "import os\nos._exit(3)\n")
     assert info.value.kind == "crash" and "code 3" in str(info.value)
-    assert load(worker, "def kernel(x):\n    return x\n")["ok"]
+    assert isinstance(load(worker, "def kernel(x):\n    return x\n"), Done)
 
 
 def test_signal_death_is_reported(worker):
@@ -62,12 +64,12 @@ def test_hang_is_killed_with_its_children(worker):
 
 def test_memory_limit_is_enforced(worker):
     reply = load(worker, "import numpy as np\nbig = np.ones(8 << 30, dtype=np.uint8)\n")
-    assert not reply["ok"] and reply["error_type"] == "MemoryError"
+    assert isinstance(reply, Failed) and reply.error_type == "MemoryError"
 
 
 def test_candidate_exceptions_and_system_exit_are_replies_not_crashes(worker):
     reply = load(worker, "raise SystemExit(0)\n")
-    assert not reply["ok"] and reply["error_type"] == "SystemExit"
+    assert isinstance(reply, Failed) and reply.error_type == "SystemExit"
     assert worker.alive
 
 
@@ -77,29 +79,29 @@ def test_environment_is_scrubbed_and_temp_dir_is_private(worker, monkeypatch):
     worker.kill()
     reply = load(worker, "import os\nopen('scratch.txt', 'w').write('x')\n"
                          "raise RuntimeError('CWD=' + os.getcwd() + ' ENV=' + ','.join(os.environ))\n")
-    env = re.search(r"ENV=(\S*)", reply["error"]).group(1).split(",")
+    env = re.search(r"ENV=(\S*)", reply.error).group(1).split(",")
     assert "HF_TOKEN" not in env and "OPENAI_API_KEY" not in env and "PATH" in env
-    workdir = re.search(r"CWD=(\S+)", reply["error"]).group(1)
+    workdir = re.search(r"CWD=(\S+)", reply.error).group(1)
     assert os.path.exists(os.path.join(workdir, "scratch.txt"))
     assert not os.getcwd().startswith(workdir)
-    worker.call({"cmd": "reset"})
+    worker.call(Reset())
     assert os.listdir(workdir) == []
     worker.kill()
     assert not os.path.exists(workdir)
 
 
 def test_prints_do_not_corrupt_the_protocol(worker):
-    assert load(worker, "print('hello ' * 1000)\ndef kernel(x):\n    return x\n")["ok"]
-    assert worker.call({"cmd": "ping", "echo": 7})[0]["echo"] == 7
+    assert isinstance(load(worker, "print('hello ' * 1000)\ndef kernel(x):\n    return x\n"), Done)
+    assert worker.call(Ping(7))[0] == Pong(7)
 
 
 def test_pool_replaces_a_dead_worker():
     with WorkerPool(get_backend("tpu-interpret"), size=1, limits=Limits(step_timeout_s=5)) as pool:
         with pool.lease() as w:
             with pytest.raises(WorkerError):
-                w.call({"cmd": "load", "source": "import os\nos._exit(1)\n"})
+                w.call(Load("import os\nos._exit(1)\n"))
         with pool.lease() as w:
-            assert w.call({"cmd": "ping", "echo": 1})[0]["echo"] == 1
+            assert w.call(Ping(1))[0] == Pong(1)
 
 
 def test_lowering_sees_the_target_tpu_generation(worker):
@@ -108,16 +110,16 @@ def test_lowering_sees_the_target_tpu_generation(worker):
     from tests.conftest import HONEST
 
     source = (HONEST / "rms_norm_rank1_scale.py").read_text()
-    case = {"name": "c", "args": [[[64, 256], "float32"], [[256], "float32"]]}
-    assert load(worker, source)["ok"]
-    assert worker.call({"cmd": "trace", "cases": [case]})[0]["ok"]  # lowering reuses the trace
-    as_cpu = worker.call({"cmd": "lower", "cases": [case]})[0]
-    assert not as_cpu["ok"] and "device kind" in as_cpu["error"]
-    worker.call({"cmd": "reset"})
-    assert worker.call({"cmd": "load", "source": source, "device_kind": "TPU v5 lite"})[0]["ok"]
-    assert worker.call({"cmd": "trace", "cases": [case]})[0]["ok"]
-    as_v5e = worker.call({"cmd": "lower", "cases": [case]})[0]
-    assert as_v5e["ok"], as_v5e
+    case = CaseSpec("c", [([64, 256], "float32"), ([256], "float32")])
+    assert isinstance(load(worker, source), Done)
+    assert isinstance(worker.call(Trace([case]))[0], Traced)  # lowering reuses the trace
+    as_cpu = worker.call(Lower([case]))[0]
+    assert isinstance(as_cpu, Failed) and "device kind" in as_cpu.error
+    worker.call(Reset())
+    assert isinstance(load(worker, source, "TPU v5 lite"), Done)
+    assert isinstance(worker.call(Trace([case]))[0], Traced)
+    as_v5e = worker.call(Lower([case]))[0]
+    assert isinstance(as_v5e, Done), as_v5e
 
 
 def test_worker_has_no_network(worker):
@@ -135,7 +137,7 @@ def test_worker_has_no_network(worker):
     server.close()
     if not worker.isolation.get("network"):
         pytest.skip("no network namespace on this system: the policy stage refuses socket imports")
-    assert not reply["ok"] and reply["error_type"] in ("OSError", "ConnectionRefusedError",
+    assert isinstance(reply, Failed) and reply.error_type in ("OSError", "ConnectionRefusedError",
                                                        "TimeoutError", "PermissionError")
 
 
@@ -146,7 +148,7 @@ def test_project_is_read_only_for_the_worker(worker):
     reply = load(worker, f"open({str(target)!r}, 'w').write('x')\n")
     if not worker.isolation.get("read_only"):
         pytest.skip("no mount namespace on this system")
-    assert not reply["ok"] and "Read-only file system" in reply["error"]
+    assert isinstance(reply, Failed) and "Read-only file system" in reply.error
     assert not target.exists()
 
 
@@ -167,6 +169,6 @@ def test_process_count_is_limited(worker):
     reply = load(worker, source)
     if not worker.isolation.get("process_limit"):
         pytest.skip("no writable pids cgroup on this system")
-    assert not reply["ok"] and "stopped after" in reply["error"]
-    assert int(reply["error"].split("stopped after ")[1].split(":")[0]) < 512
+    assert isinstance(reply, Failed) and "stopped after" in reply.error
+    assert int(reply.error.split("stopped after ")[1].split(":")[0]) < 512
     worker.kill()  # the whole group goes, sleepers included

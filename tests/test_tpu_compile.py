@@ -10,7 +10,8 @@ from evaluator.backends import get_backend
 from evaluator.grader import Evaluator
 from evaluator.hardware import GENERATIONS
 from evaluator.sandbox import Limits, Worker
-from evaluator.stages import case_request
+from evaluator.protocol import Compile, Done, Failed, Load, Reset, Trace, Traced
+from evaluator.stages import case_spec
 from tasks import all_tasks
 from tests.conftest import read_candidate, require_module
 
@@ -65,16 +66,17 @@ def test_every_solution_compiles(gen):
     failures = []
     try:
         for task in all_tasks():
-            assert worker.call({"cmd": "load", "source": task.solution_source(),
-                                "device_kind": GENERATIONS[gen].device_kind})[0]["ok"]
+            loaded, _ = worker.call(Load(task.solution_source(), GENERATIONS[gen].device_kind))
+            assert isinstance(loaded, Done), loaded
             bench = task.select("all", "bench")  # compiled from the program traced here
-            assert worker.call({"cmd": "trace", "cases": [case_request(task, c) for c in bench]})[0]["ok"]
+            traced, _ = worker.call(Trace([case_spec(task, c) for c in bench]))
+            assert isinstance(traced, Traced), traced
             for case in bench:
-                reply, _ = worker.call({"cmd": "compile", "topology": GENERATIONS[gen].topology,
-                                        "case": case_request(task, case)}, timeout_s=300)
-                if not reply["ok"]:
-                    failures.append(f"{task.name}/{case.name}: {reply['error']}")
-            worker.call({"cmd": "reset"})
+                reply, _ = worker.call(Compile(GENERATIONS[gen].topology, case_spec(task, case)),
+                                       timeout_s=300)
+                if isinstance(reply, Failed):
+                    failures.append(f"{task.name}/{case.name}: {reply.error}")
+            worker.call(Reset())
     finally:
         worker.kill()
     assert not failures, "\n".join(failures)

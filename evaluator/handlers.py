@@ -1,0 +1,267 @@
+"""The worker's request handlers: one function per request type of evaluator/protocol.py.
+
+They run in the worker process (evaluator/worker.py) on the candidate's code, one candidate
+at a time; each takes the worker's state, the request and its arrays, and returns a reply
+and arrays. They never see the reference or the expected outputs: the host compares.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import time
+import types
+from typing import Any, Callable
+
+from evaluator import jax_hooks
+from evaluator.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
+from evaluator.protocol import (Compile, Compiled, Done, Failed, Load, Lower, Ping, Pong, Ran,
+                                Reset, Run, SeedResult, Time, Timed, Trace, Traced, TracedCase,
+                                CaseSpec)
+
+# Candidates are registered in sys.modules as candidate_1, candidate_2, ... for their lifetime.
+CANDIDATE_MODULE_PREFIX = "candidate_"
+# Captured before any candidate runs: a candidate cannot swap the clock the timing uses.
+_clock = time.perf_counter
+
+
+@dataclasses.dataclass
+class WorkerState:
+    interpret: bool
+    module: types.ModuleType | None = None
+    source_lines: list[str] = dataclasses.field(default_factory=list)
+    # Each case's program, traced once by `trace`; every later step runs this, never the
+    # candidate's Python again (evaluator/program.py).
+    programs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    runners: dict[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    topologies: dict[str, Any] = dataclasses.field(default_factory=dict)  # kept across candidates
+    loaded: int = 0  # candidates loaded so far: each gets its own module name
+
+
+def handle(state: WorkerState, request: Any, arrays: list) -> tuple[Any, list]:
+    """Dispatch one request to its handler."""
+    handler = HANDLERS.get(type(request))
+    if handler is None:
+        return Failed("TypeError", f"no handler for {type(request).__name__}", internal=True), []
+    return handler(state, request, arrays)
+
+
+def _failed(exc: BaseException, state: WorkerState, **where: str) -> Failed:
+    etype, text = describe_exception(exc, state.source_lines)
+    return Failed(etype, text, **where)
+
+
+def load(state: WorkerState, request: Load, arrays: list) -> tuple[Any, list]:
+    """Execute the candidate as a real module: registered in sys.modules under a name of its
+    own (until reset), so dataclasses, typing.get_type_hints and pickling find it."""
+    state.source_lines = request.source.splitlines()
+    jax_hooks.pretend_device_kind(request.device_kind)
+    state.loaded += 1
+    module = types.ModuleType(f"{CANDIDATE_MODULE_PREFIX}{state.loaded}")
+    module.__file__ = CANDIDATE_FILENAME
+    sys.modules[module.__name__] = module
+    state.module = module
+    try:
+        code = compile(request.source, CANDIDATE_FILENAME, "exec")
+        exec(code, module.__dict__)
+    except BaseException as exc:  # SystemExit too: the candidate must not end the worker
+        return _failed(exc, state), []
+    if not callable(module.__dict__.get("kernel")):
+        return Failed("NameError", "the module does not define a callable `kernel`"), []
+    return Done(), []
+
+
+def _specs(case: CaseSpec, sharding: Any = None) -> list:
+    import jax
+    import jax.numpy as jnp
+
+    return [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+            for shape, dtype in case.args]
+
+
+def trace(state: WorkerState, request: Trace, arrays: list) -> tuple[Any, list]:
+    """Trace kernel() once per case (cheap, so bench sizes too) and keep the program: what
+    the host judges here is what every later step lowers, compiles, runs and times."""
+    from evaluator.jaxpr_analysis import summarize
+    from evaluator.program import TracedProgram
+    from evaluator.provenance import kernel_origins
+
+    traced = []
+    for case in request.cases:
+        try:
+            program = TracedProgram.trace(state.module.kernel, _specs(case))
+        except Exception as exc:
+            return _failed(exc, state, case=case.name), []
+        state.programs[case.name] = program
+        summary = summarize(program.closed, traffic=case.traffic,  # our code: bugs raise
+                            arg_bounds=case.arg_bounds)
+        traced.append(TracedCase(case.name, summary, kernel_origins(program.pallas_calls())))
+    return Traced(traced), []
+
+
+def _replayed(state: WorkerState, case_name: str, interpret: Any = None,
+              tpu_numerics: bool = False) -> Callable[..., Any]:
+    import jax
+
+    from evaluator.program import replay
+
+    if case_name not in state.programs:
+        raise KeyError(f"case {case_name!r} was not traced before it was used")
+    return jax.jit(replay(state.programs[case_name], interpret=interpret, tpu_numerics=tpu_numerics))
+
+
+def lower(state: WorkerState, request: Lower, arrays: list) -> tuple[Any, list]:
+    """Pallas -> Mosaic lowering for TPU (works without a TPU); compile on a real one."""
+    for case in request.cases:
+        phase, program = "lowering", _replayed(state, case.name)
+        try:
+            lowered = program.trace(*_specs(case)).lower(lowering_platforms=("tpu",))
+            if request.compile:
+                phase = "compile"
+                lowered.compile()
+        except Exception as exc:
+            return _failed(exc, state, case=case.name, phase=phase), []
+    return Done(), []
+
+
+def compile_case(state: WorkerState, request: Compile, arrays: list) -> tuple[Any, list]:
+    """Full libtpu compile of one case for a described TPU topology: no TPU needed."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    if request.topology not in state.topologies:
+        from jax.experimental import topologies
+
+        state.topologies[request.topology] = topologies.get_topology_desc(
+            topology_name=request.topology, platform="tpu")
+    device = state.topologies[request.topology].devices[0]
+    program = _replayed(state, request.case.name)
+    try:
+        with jax.default_device(device):
+            compiled = program.trace(*_specs(request.case, SingleDeviceSharding(device))).lower().compile()
+    except Exception as exc:
+        return Failed(type(exc).__name__, compiler_message(str(exc)), case=request.case.name), []
+    stats = compiled.memory_analysis()
+    fields = ("generated_code_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
+              "temp_size_in_bytes", "alias_size_in_bytes")
+    return Compiled({f: int(getattr(stats, f, 0) or 0) for f in fields}), []
+
+
+def run(state: WorkerState, request: Run, arrays: list) -> tuple[Any, list]:
+    """Run one case's traced program on each seed's inputs; outputs go back as numpy arrays."""
+    import jax
+    import numpy as np
+
+    nargs = request.nargs
+    runner = _case_runner(state, request.case, request.tpu_numerics)
+    outputs, results = [], []
+    jax_hooks.take_races()
+    for s in range(len(arrays) // nargs):
+        inputs = arrays[s * nargs:(s + 1) * nargs]
+        start = time.perf_counter()
+        try:
+            out = jax.block_until_ready(runner(*inputs))
+            leaves = jax.tree_util.tree_leaves(out)
+            host = [np.array(leaf) for leaf in leaves]  # copies off the device
+        except Exception as exc:
+            etype, text = describe_exception(exc, state.source_lines)
+            results.append(SeedResult(False, etype, text))
+            break
+        finally:
+            jax_hooks.reset_interpret_state()
+        if jax_hooks.take_races():
+            results.append(SeedResult(False, "DataRace", "TPU interpret mode detected a data race: "
+                                      "two accesses to one buffer (at least one a write) not "
+                                      "ordered by a DMA wait or semaphore."))
+            break
+        bad = [type(leaf).__name__ for leaf in leaves if not hasattr(leaf, "shape")]
+        results.append(SeedResult(True, n_outputs=len(host), non_arrays=bad,
+                                  tree=str(jax.tree_util.tree_structure(out)),
+                                  seconds=time.perf_counter() - start))
+        outputs.extend(host)
+    return Ran(results), outputs
+
+
+def _case_runner(state: WorkerState, case_name: str, tpu_numerics: bool = False) -> Callable[..., Any]:
+    """The case's traced program, jitted once; under the evaluator's TPU interpret mode when
+    this backend interprets (every pallas_call re-issued with these parameters), with dots
+    computed as the TPU computes them when `tpu_numerics` (evaluator/program.py)."""
+    key = f"{case_name}|{tpu_numerics}"
+    if key not in state.runners:
+        interpret = None
+        if state.interpret:
+            from jax.experimental.pallas import tpu as pltpu
+
+            interpret = pltpu.InterpretParams(detect_races=True, out_of_bounds_reads="raise",
+                                              uninitialized_memory="nan")
+        state.runners[key] = _replayed(state, case_name, interpret, tpu_numerics)
+    return state.runners[key]
+
+
+def time_case(state: WorkerState, request: Time, arrays: list) -> tuple[Any, list]:
+    """Stage 8 on real hardware: wall times of the kernel and of the XLA reference on the same
+    inputs (sent by the host), each called as a user would: the case's own dtypes.
+
+    The kernel's outputs from the timed runs come back so the host can check them at this
+    size before the speedup counts (a kernel could be right only where it is compared).
+    """
+    import jax
+    import numpy as np
+
+    import tasks
+
+    task = tasks.get_task(request.task)
+    inputs = [jax.device_put(a) for a in arrays]
+    runner = _case_runner(state, request.case, request.tpu_numerics)
+    reference = jax.jit(task.reference)
+    kernel_s = time_callable(runner, inputs, request.warmup, request.iters)
+    reference_s = time_callable(reference, inputs, request.warmup, request.iters)
+    outputs = [np.array(leaf) for leaf in jax.tree_util.tree_leaves(runner(*inputs))]
+    return Timed(kernel_s, reference_s), outputs
+
+
+def time_callable(fn: Callable[..., Any], inputs: list, warmup: int, iters: int) -> list[float]:
+    """Raw per-call wall times; block_until_ready, or we would time only the dispatch."""
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*inputs))
+    samples = []
+    for _ in range(iters):
+        start = _clock()
+        jax.block_until_ready(fn(*inputs))
+        samples.append(_clock() - start)
+    return samples
+
+
+def reset(state: WorkerState, request: Reset, arrays: list) -> tuple[Any, list]:
+    """Forget the candidate: its module (and its sys.modules entry), traced programs,
+    interpret state and temp files.
+
+    JAX's caches are kept on purpose: entries are keyed by function objects, so the next
+    candidate cannot hit the last one's, and clearing them (plus a full gc) tripled the cost
+    of grading a small candidate. The pool recycles workers every few hundred jobs instead.
+    """
+    if state.module is not None:
+        sys.modules.pop(state.module.__name__, None)
+    state.module, state.source_lines = None, []
+    state.programs.clear()
+    state.runners.clear()
+    jax_hooks.pretend_device_kind(None)
+    jax_hooks.reset_interpret_state()
+    cwd = os.getcwd()
+    for name in os.listdir(cwd):
+        path = os.path.join(cwd, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+    return Done(), []
+
+
+def ping(state: WorkerState, request: Ping, arrays: list) -> tuple[Any, list]:
+    return Pong(request.echo), list(arrays)
+
+
+HANDLERS: dict[type, Callable[[WorkerState, Any, list], tuple[Any, list]]] = {
+    Load: load, Trace: trace, Lower: lower, Compile: compile_case, Run: run, Time: time_case,
+    Reset: reset, Ping: ping,
+}

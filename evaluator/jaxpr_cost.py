@@ -1,0 +1,247 @@
+"""What a jaxpr computes: FLOPs (matmul FLOPs apart), transcendentals, bytes, the bytes a
+kernel body copies by its own DMAs, and where a program runs heavy ops or host callbacks.
+
+The one cost walker of the project: the structure analysis (evaluator/jaxpr_analysis.py)
+runs it over the glue outside kernels, the traffic model (evaluator/traffic.py) over each
+kernel body, the reference cache (evaluator/reference.py) over whole references. Loops count
+their trip counts (a while loop its maximum, from evaluator/intervals.py, else once and
+flagged), a cond its dearest branch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from evaluator import intervals
+from evaluator.jaxpr_walk import sub_jaxprs
+
+# Rationale: a matmul or convolution outside a kernel *is* the task for most of the suite,
+# whatever its size, so it is refused outright rather than weighed by cost.
+HEAVY_PRIMITIVES = frozenset({
+    "dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general", "ragged_all_to_all",
+})
+# Rationale: work on the host escapes the kernel entirely (and breaks on real TPUs).
+CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback", "debug_callback", "callback"})
+# Moving or re-typing data costs bytes, not FLOPs: the glue an honest wrapper needs.
+DATA_MOVEMENT_PRIMITIVES = frozenset({
+    "reshape", "broadcast_in_dim", "transpose", "pad", "slice", "dynamic_slice",
+    "dynamic_update_slice", "concatenate", "squeeze", "expand_dims", "convert_element_type",
+    "copy", "copy_p", "select_n", "iota", "gather", "rev", "bitcast_convert_type",
+    "reduce_precision", "device_put", "split", "sharding_constraint", "stop_gradient",
+    "optimization_barrier", "pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
+    "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint", "name", "empty",
+    # Inside kernels: loads and stores of refs (VMEM/SMEM <-> registers), lane rotations,
+    # bitcasts and grid queries. Counted as arithmetic, a kernel that only loads a block and
+    # stores zeros would score 2 FLOPs per element, 40% of a softmax's.
+    "get", "swap", "masked_load", "masked_swap", "roll", "bitcast", "multiple_of",
+    "program_id", "num_programs",
+})
+TRANSCENDENTAL_PRIMITIVES = frozenset({
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "rsqrt",
+    "sqrt", "cbrt", "pow", "erf", "erfc", "erf_inv", "atan2", "asin", "acos", "atan", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma",
+})
+# Reductions and scans cost one op per *input* element rather than per output element.
+REDUCTION_PRIMITIVES = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+    "reduce_xor", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp",
+    "reduce", "reduce_precision_sum",
+})
+
+
+@dataclass
+class Cost:
+    """What a piece of a program computes (the glue outside kernels, one step of a kernel
+    body, or a whole reference)."""
+
+    flops: float = 0.0
+    transcendentals: float = 0.0
+    bytes_accessed: float = 0.0
+    # Of `flops`: matmuls and convolutions (MXU work), and those whose operands are float32,
+    # which the performance model runs at the f32 matmul rate (evaluator/hardware.py).
+    matmul_flops: float = 0.0
+    f32_matmul_flops: float = 0.0
+    dma_bytes: float = 0.0  # inside kernels: bytes copied by the body's own DMAs
+    heavy_ops: list[str] = field(default_factory=list)  # matmuls seen when not counted as work
+    callbacks: list[str] = field(default_factory=list)
+    top_ops: dict[str, float] = field(default_factory=dict)  # primitive -> flops, for feedback
+    # A while loop with no known maximum trip count was counted once: flops are a lower bound.
+    data_dependent_trips: bool = False
+
+
+PallasCallSink = Callable[[Any, float], None]
+
+
+def walk(jaxpr: Any, trips: Mapping[int, int | None] | None = None, count_heavy: bool = True,
+         on_pallas_call: PallasCallSink | None = None) -> Cost:
+    """The cost of an open jaxpr. `count_heavy=False` lists matmuls in `heavy_ops` instead of
+    counting them (outside kernels they are refused, not weighed); `on_pallas_call(eqn,
+    runs)` receives each pallas_call with the number of times it runs (not walked into)."""
+    cost = Cost()
+    _walk(jaxpr, 1.0, cost, count_heavy, trips, on_pallas_call)
+    return cost
+
+
+def total_cost(closed_jaxpr: Any,
+               arg_bounds: Sequence[Sequence[int] | None] | None = None) -> Cost:
+    """What a whole program with no kernels (the reference) computes, matmuls included."""
+    bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
+    return walk(closed_jaxpr.jaxpr, bounds.loop_trips)
+
+
+def total_flops(closed_jaxpr: Any,
+                arg_bounds: Sequence[Sequence[int] | None] | None = None) -> float:
+    """FLOPs of a whole program with no kernels (the reference), matmuls included."""
+    return total_cost(closed_jaxpr, arg_bounds).flops
+
+
+def dot_flops(eqn: Any) -> float:
+    """2 * output size * contracted size, the usual multiply-add count."""
+    if eqn.primitive.name == "dot_general":
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        lhs_shape = eqn.invars[0].aval.shape
+        contracted = math.prod(lhs_shape[d] for d in lhs_contract)
+        return 2.0 * aval_size(eqn.outvars[0].aval) * contracted
+    if eqn.primitive.name.startswith("ragged_dot"):
+        lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+        return 2.0 * lhs[0] * lhs[-1] * rhs[-1]
+    if eqn.primitive.name == "conv_general_dilated":
+        return conv_flops(eqn)
+    return 2.0 * sum(aval_size(v.aval) for v in eqn.outvars)  # a lower bound for anything else
+
+
+def conv_flops(eqn: Any) -> float:
+    """2 * output size * (kernel window x input features per group): each output element is
+    a dot product over the kernel's window and its group's input features, i.e. over every
+    rhs element but the output-feature axis. (Taps that fall on padding count too, as in
+    XLA's cost analysis.)"""
+    rhs_shape = eqn.invars[1].aval.shape
+    rhs_spec = eqn.params["dimension_numbers"].rhs_spec  # (out features, in features, *window)
+    per_output = math.prod(rhs_shape) // max(int(rhs_shape[rhs_spec[0]]), 1)
+    return 2.0 * aval_size(eqn.outvars[0].aval) * per_output
+
+
+def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple[float, bool]:
+    """(times the sub-jaxprs of eqn run, whether that is known). A scan runs `length` times;
+    a while loop its maximum trip count from `trips` (evaluator/intervals.py), else once,
+    unknown; anything else (cond, calls) once."""
+    if eqn.primitive.name == "scan":
+        return float(eqn.params.get("length", 1)), True
+    if eqn.primitive.name == "while":
+        n = (trips or {}).get(id(eqn))
+        return (1.0, False) if n is None else (float(n), True)
+    return 1.0, True
+
+
+def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
+          trips: Mapping[int, int | None] | None, on_pallas_call: PallasCallSink | None) -> None:
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "pallas_call":
+            if on_pallas_call is not None:
+                on_pallas_call(eqn, mult)
+            continue
+        if name in CALLBACK_PRIMITIVES:
+            cost.callbacks.append(name)
+            continue
+        if name == "dma_start":
+            cost.dma_bytes += mult * dma_dst_bytes(eqn)
+            continue
+        sub = list(sub_jaxprs(eqn))
+        if sub:
+            count, known = trip_count(eqn, trips)
+            cost.data_dependent_trips |= not known
+            inner_mult = mult * count
+            if name == "cond":  # one branch runs: charge the dearest
+                branch_costs = []
+                for j in sub:
+                    c = Cost()
+                    _walk(j, inner_mult, c, count_heavy, trips, on_pallas_call)
+                    branch_costs.append(c)
+                _merge_dearest(cost, branch_costs)
+            else:
+                for j in sub:
+                    _walk(j, inner_mult, cost, count_heavy, trips, on_pallas_call)
+            continue
+        if not _is_free(eqn):
+            nbytes = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
+            cost.bytes_accessed += mult * nbytes
+        if name in HEAVY_PRIMITIVES:
+            if count_heavy:
+                flops = mult * dot_flops(eqn)
+                cost.flops += flops
+                cost.matmul_flops += flops
+                if any(str(getattr(v.aval, "dtype", "")) == "float32" for v in eqn.invars[:2]):
+                    cost.f32_matmul_flops += flops
+            else:
+                cost.heavy_ops.append(name)
+            continue
+        if name in DATA_MOVEMENT_PRIMITIVES:
+            continue
+        if name in REDUCTION_PRIMITIVES:
+            flops = sum(aval_size(v.aval) for v in eqn.invars if hasattr(v, "aval"))
+        else:
+            flops = sum(aval_size(v.aval) for v in eqn.outvars)
+        cost.flops += mult * flops
+        cost.top_ops[name] = cost.top_ops.get(name, 0.0) + mult * flops
+        if name in TRANSCENDENTAL_PRIMITIVES:
+            cost.transcendentals += mult * flops
+
+
+def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
+    """A cond: the branch with the most FLOPs counts (its bytes and ops with it), the most
+    DMA bytes of any branch count, and a heavy op, callback or unknown loop in any branch."""
+    worst = max(branches, key=lambda c: c.flops)
+    into.flops += worst.flops
+    into.matmul_flops += worst.matmul_flops
+    into.f32_matmul_flops += worst.f32_matmul_flops
+    into.transcendentals += worst.transcendentals
+    into.bytes_accessed += worst.bytes_accessed
+    into.dma_bytes += max(c.dma_bytes for c in branches)
+    for op, f in worst.top_ops.items():
+        into.top_ops[op] = into.top_ops.get(op, 0.0) + f
+    for c in branches:
+        into.heavy_ops.extend(c.heavy_ops)
+        into.callbacks.extend(c.callbacks)
+        into.data_dependent_trips |= c.data_dependent_trips
+
+
+def _is_free(eqn: Any) -> bool:
+    """Ops XLA turns into nothing: reshapes, and pads/slices/casts that change nothing."""
+    if eqn.primitive.name in ("reshape", "squeeze", "expand_dims"):
+        return True
+    ins = [v.aval for v in eqn.invars if hasattr(v, "aval")]
+    outs = [v.aval for v in eqn.outvars]
+    return (eqn.primitive.name in DATA_MOVEMENT_PRIMITIVES and len(outs) == 1 and bool(ins)
+            and getattr(ins[0], "shape", None) == outs[0].shape and ins[0].dtype == outs[0].dtype)
+
+
+def dma_dst_bytes(eqn: Any) -> float:
+    """Bytes a dma_start writes: its destination as indexed (`buf.at[slot, rows]`, from the
+    eqn's `tree` of (src, dst, semaphores...)), else the whole destination buffer."""
+    try:
+        dst = eqn.params["tree"].unflatten([getattr(v, "aval", None) for v in eqn.invars])[1]
+        return float(math.prod(dst.shape) * np.dtype(dst.dtype).itemsize)
+    except Exception:  # noqa: BLE001  (another jax's layout of the operands)
+        refs = [v.aval for v in eqn.invars  # refs (not index scalars), semaphores excluded
+                if hasattr(getattr(v, "aval", None), "inner_aval")
+                and "sem" not in str(v.aval.memory_space).lower()]
+        if len(refs) < 2:
+            return 0.0
+        return float(math.prod(refs[1].shape) * np.dtype(refs[1].dtype).itemsize)
+
+
+def aval_size(aval: Any) -> int:
+    return int(math.prod(getattr(aval, "shape", ())))
+
+
+def aval_nbytes(aval: Any) -> int:
+    dtype = getattr(aval, "dtype", None)
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:
+        itemsize = 4
+    return aval_size(aval) * itemsize
