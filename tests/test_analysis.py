@@ -4,7 +4,8 @@ import jax.numpy as jnp
 
 from evaluator.features import missing_features
 from evaluator.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
-from evaluator.jaxpr_analysis import summarize, total_flops
+from evaluator.jaxpr_analysis import summarize
+from evaluator.knobs import find_knobs, rewrite, total_flops
 from tasks import get_task
 from tests.conftest import HONEST, read_candidate
 
@@ -54,7 +55,9 @@ def test_feature_detectors_on_real_kernels():
 
 
 def test_vmem_lower_bound_counts_double_buffers_tiles_and_scratch():
-    summary = _trace(get_task("matmul").solution_source(),
+    source = get_task("matmul").solution_source()
+    knobs = find_knobs(source)
+    summary = _trace(rewrite(source, knobs, {k.name: 512 for k in knobs}),
                      jax.ShapeDtypeStruct((4096, 4096), jnp.float32),
                      jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
     (call,) = summary.pallas_calls
