@@ -4,8 +4,8 @@ import jax.numpy as jnp
 
 from evaluator.features import missing_features
 from evaluator.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
-from evaluator.jaxpr_analysis import summarize
-from evaluator.knobs import find_knobs, rewrite, total_flops
+from evaluator.jaxpr_analysis import summarize, total_flops
+from evaluator.knobs import find_knobs, rewrite
 from tasks import get_task
 from tests.conftest import HONEST, read_candidate
 
