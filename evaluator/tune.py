@@ -83,6 +83,13 @@ class TuneResult:
     rejected: list[tuple[Trial, str]] = field(default_factory=list)  # failed verification
 
 
+def static_trial(task: Task, source: str, evaluator: Evaluator, split: str = "train",
+                 setting: dict[str, int] | None = None) -> Trial:
+    """Grade `source` through every static stage and read the estimate (nothing runs)."""
+    verdict = evaluator.grade(task, source, split=split, through="estimate")
+    return Trial.from_verdict(setting or {}, verdict)
+
+
 def tune(task: Task, source: str, evaluator: Evaluator, split: str = "train",
          budget_s: float = 110.0, compile_evaluator: Evaluator | None = None,
          progress: Callable[[int, Trial], None] | None = None) -> TuneResult:
@@ -97,9 +104,7 @@ def tune(task: Task, source: str, evaluator: Evaluator, split: str = "train",
     def evaluate(setting: dict[str, int]) -> Trial:
         key = tuple(sorted(setting.items()))
         if key not in seen:
-            verdict = evaluator.grade(task, rewrite(source, knobs, setting), split=split,
-                                      through="estimate")
-            seen[key] = Trial.from_verdict(setting, verdict)
+            seen[key] = static_trial(task, rewrite(source, knobs, setting), evaluator, split, setting)
             if progress is not None:
                 progress(len(seen), seen[key])
         return seen[key]

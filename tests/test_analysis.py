@@ -6,6 +6,7 @@ from evaluator.features import missing_features
 from evaluator.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
 from evaluator.jaxpr_analysis import summarize
 from evaluator.jaxpr_cost import total_flops
+from evaluator.knobs import find_knobs, rewrite
 from tasks import get_task
 from tests.conftest import HONEST, read_candidate
 
@@ -55,7 +56,9 @@ def test_feature_detectors_on_real_kernels():
 
 
 def test_vmem_lower_bound_counts_double_buffers_tiles_and_scratch():
-    summary = _trace(get_task("matmul").solution_source(),
+    source = get_task("matmul").solution_source()
+    knobs = find_knobs(source)
+    summary = _trace(rewrite(source, knobs, {k.name: 512 for k in knobs}),
                      jax.ShapeDtypeStruct((4096, 4096), jnp.float32),
                      jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
     (call,) = summary.pallas_calls

@@ -51,3 +51,18 @@ def test_every_task_is_in_the_suite_table():
     table = (Path(tasks.__file__).parent / "README.md").read_text()
     for task in tasks.all_tasks():
         assert f"| `{task.name}` |" in table, task.name
+
+
+def test_the_performance_table_is_current(capsys):
+    """tasks/README.md's performance table is what `python -m evaluator estimate --markdown`
+    prints for the solutions as they are: regenerate it when a solution changes."""
+    from pathlib import Path
+
+    from evaluator.cli import main
+
+    text = (Path(tasks.__file__).parent / "README.md").read_text()
+    section = text.split("\n## Performance", 1)[1].split("\n## ", 1)[0]
+    committed = [line for line in section.splitlines() if line.startswith("|")]
+    assert main(["estimate", "--markdown"]) == 0
+    generated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert committed == generated
