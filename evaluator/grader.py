@@ -15,8 +15,7 @@ from evaluator.protocol import Reset
 from evaluator.record import StageTiming, Verdict
 from evaluator.reference import ReferenceCache
 from evaluator.sandbox import Limits, WorkerError, WorkerPool
-from evaluator.stages import (SOURCE_STAGES, STAGES, Failure, GradingContext, Stage,
-                              correct_message)
+from evaluator.stages import SOURCE_STAGES, STAGES, Failure, GradingContext, Stage, correct_message
 from tasks import get_task
 from tasks.spec import Task
 

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from evaluator import jax_hooks
 from evaluator.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
-from evaluator.protocol import (Compile, Compiled, Done, Failed, Load, Lower, Ping, Pong, Ran,
-                                Reset, Run, SeedResult, Time, Timed, Trace, Traced, TracedCase,
-                                CaseSpec)
+from evaluator.protocol import (CaseSpec, Compile, Compiled, Done, Failed, Load, Lower, Ping,
+                                Pong, Ran, Reset, Run, SeedResult, Time, Timed, Trace, Traced,
+                                TracedCase)
 
 # Candidates are registered in sys.modules as candidate_1, candidate_2, ... for their lifetime.
 CANDIDATE_MODULE_PREFIX = "candidate_"

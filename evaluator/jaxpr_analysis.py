@@ -6,8 +6,8 @@ returns plain dataclasses so the verdict logic never touches jax objects.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from evaluator import intervals
 from evaluator import traffic as traffic_analysis
 from evaluator.jaxpr_cost import Cost, walk
 from evaluator.jaxpr_walk import sub_jaxprs
+
 
 @dataclass
 class BlockInfo:

@@ -20,8 +20,7 @@ from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.jaxpr_analysis import TraceSummary
-from evaluator.protocol import (CaseSpec, Compile, Failed, Load, Lower, Run, SeedResult, Time,
-                                Trace)
+from evaluator.protocol import CaseSpec, Compile, Failed, Load, Lower, Run, SeedResult, Time, Trace
 from evaluator.provenance import KernelOrigin
 from evaluator.record import CaseResult, Verdict
 from evaluator.reference import ReferenceCache, case_seeds

@@ -20,8 +20,8 @@ def main() -> None:
     granted = isolation.isolate(args.read_only, network=args.platform != "tpu")
     proto_in, proto_out = isolation.take_protocol_pipes()
     os.environ["JAX_PLATFORMS"] = args.platform
-    import numpy as np  # noqa: F401  (warm imports before "ready")
     import jax
+    import numpy as np  # noqa: F401  (warm imports before "ready")
 
     from evaluator import handlers, protocol, wire
     from evaluator.errors import describe_exception

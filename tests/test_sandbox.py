@@ -11,8 +11,7 @@ import time
 import pytest
 
 from evaluator.backends import get_backend
-from evaluator.protocol import (CaseSpec, Done, Failed, Load, Lower, Ping, Pong, Reset, Trace,
-                                Traced)
+from evaluator.protocol import CaseSpec, Done, Failed, Load, Lower, Ping, Pong, Reset, Trace, Traced
 from evaluator.sandbox import Limits, Worker, WorkerError, WorkerPool
 
 

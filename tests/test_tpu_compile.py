@@ -9,8 +9,8 @@ import pytest
 from evaluator.backends import get_backend
 from evaluator.grader import Evaluator
 from evaluator.hardware import GENERATIONS
-from evaluator.sandbox import Limits, Worker
 from evaluator.protocol import Compile, Done, Failed, Load, Reset, Trace, Traced
+from evaluator.sandbox import Limits, Worker
 from evaluator.stages import case_spec
 from tasks import all_tasks
 from tests.conftest import read_candidate, require_module

@@ -6,15 +6,14 @@ jax.vjp of the plain float32 attention, so it depends only on q, k, v and do; o 
 inputs a kernel may use (to recompute the probabilities as exp(s - lse) and the row sums
 delta = sum(o * do, -1)) and make_inputs builds them consistently from q, k, v.
 
-The helpers here are shared with attention_bwd_causal, which passes causal=True.
+The reference is tasks/references.py's attention_bwd_reference; the input builders and cases
+here are shared with attention_bwd_causal, which passes causal=True.
 """
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from tasks.attention_fwd.task import attention_reference
+from tasks.references import attention_bwd_reference
 from tasks.spec import ArgSpec, Case, Task, Tolerance, case_grid, normal, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
@@ -43,15 +42,6 @@ TOLERANCES = {
     "float32": Tolerance(atol=1.0, rtol=0.1, rel_l2=2e-2),
     "bfloat16": Tolerance(atol=1.0, rtol=0.1, rel_l2=3e-2),
 }
-
-
-def attention_bwd_reference(q, k, v, o, lse, do, *, causal: bool):
-    """(dq, dk, dv) by jax.vjp of plain float32 attention; o and lse are not needed."""
-    del o, lse
-    dtypes = (q.dtype, k.dtype, v.dtype)
-    q, k, v, do = (x.astype(jnp.float32) for x in (q, k, v, do))
-    _, vjp = jax.vjp(lambda q_, k_, v_: attention_reference(q_, k_, v_, causal=causal), q, k, v)
-    return tuple(g.astype(dt) for g, dt in zip(vjp(do), dtypes))
 
 
 def reference(q, k, v, o, lse, do):

@@ -1,7 +1,8 @@
 """attention_bwd_causal: attention_bwd with a causal mask (query i sees keys j <= i)."""
 from pathlib import Path
 
-from tasks.attention_bwd.task import attention_bwd_reference, build_task, make_inputs_for
+from tasks.attention_bwd.task import build_task, make_inputs_for
+from tasks.references import attention_bwd_reference
 
 
 def reference(q, k, v, o, lse, do):

@@ -1,40 +1,19 @@
 """attention_fwd: softmax(q @ k^T * head_dim**-0.5) @ v over [batch, heads, seq, head_dim], no mask.
 
-The helpers here are shared with attention_fwd_causal, which passes causal=True.
+The reference is tasks/references.py's attention_reference; build_task is shared with
+attention_fwd_causal, which passes causal=True.
 """
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from tasks.references import attention_reference
 from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 # q and k scaled so the logits have std ~2.25: the softmax is peaky (a few keys dominate each row),
 # so outputs are O(0.1-1), not washed out to ~0 by averaging many values of v.
 _QK_SCALE = 1.5
-
-
-def attention_reference(q, k, v, *, causal: bool):
-    """Plain-jnp attention in float32; output in q.dtype."""
-    out_dtype = q.dtype
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    scale = q.shape[-1] ** -0.5
-    s = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=lax.Precision.HIGHEST) * scale
-    if causal:
-        seq_q, seq_k = s.shape[-2:]
-        visible = jnp.arange(seq_q)[:, None] >= jnp.arange(seq_k)[None, :]  # [seq_q, seq_k]
-        s = jnp.where(visible, s, -jnp.inf)
-    p = _softmax(s)
-    o = jnp.einsum("bhqk,bhkd->bhqd", p, v, precision=lax.Precision.HIGHEST)
-    return o.astype(out_dtype)
-
-
-def _softmax(s):
-    s = s - jnp.max(s, axis=-1, keepdims=True)
-    e = jnp.exp(s)
-    return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
 def reference(q, k, v):

@@ -1,7 +1,8 @@
 """attention_fwd_causal: attention_fwd with a causal mask (query i sees keys j <= i)."""
 from pathlib import Path
 
-from tasks.attention_fwd.task import attention_reference, build_task
+from tasks.attention_fwd.task import build_task
+from tasks.references import attention_reference
 
 
 def reference(q, k, v):

@@ -7,7 +7,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.attention_fwd.task import attention_reference
+from tasks.references import attention_reference
 from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")

@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tasks.references import mlp_block
 from tasks.spec import ArgSpec, Case, Task, Tolerance, case_grid, normal
-from tasks.transformer_mlp_fwd.task import (HELDOUT_BENCH, HELDOUT_CHECK, TRAIN_BENCH, TRAIN_CHECK,
-                                            arg_specs as fwd_arg_specs, block_inputs, mlp_block)
+from tasks.transformer_mlp_fwd.task import HELDOUT_BENCH, HELDOUT_CHECK, TRAIN_BENCH, TRAIN_CHECK, block_inputs
+from tasks.transformer_mlp_fwd.task import arg_specs as fwd_arg_specs
 
 _DTYPES = ("float32", "bfloat16")
 

@@ -1,30 +1,18 @@
 """transformer_mlp_fwd: pre-norm MLP block, y = x + gelu_tanh(rms_norm(x) * g @ w1) @ w2.
 
 rms_norm(x) = x * rsqrt(mean(x^2, -1) + 1e-6); gelu is the tanh approximation. Computed in
-float32; output in x.dtype. The helpers here are shared with transformer_mlp_bwd.
+float32; output in x.dtype. The block is tasks/references.py's mlp_block; the cases and
+input builder here are shared with transformer_mlp_bwd.
 """
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from tasks.references import mlp_block
 from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
-EPS = 1e-6
-_HI = lax.Precision.HIGHEST
-
-
-def mlp_block(x, g, w1, w2):
-    """The block in float32 (inputs already float32)."""
-    ms = jnp.mean(x * x, axis=-1, keepdims=True)
-    u = x * lax.rsqrt(ms + EPS) * g
-    hidden = jax.nn.gelu(jnp.dot(u, w1, precision=_HI), approximate=True)
-    return x + jnp.dot(hidden, w2, precision=_HI)
-
-
 def reference(x, g, w1, w2):
     out_dtype = x.dtype
     x, g, w1, w2 = (a.astype(jnp.float32) for a in (x, g, w1, w2))
