@@ -19,17 +19,17 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from data_gen.chat_models import EndpointError, make_chat_model
-from data_gen.context import CONTEXTS
+from chat.context import CONTEXTS
+from chat.models import EndpointError, make_chat_model
 from data_gen.dataset import ContaminationError, balance, dedupe, write_dataset
 from data_gen.journal import Journal, JournalMismatch
 from data_gen.mutations import OPERATOR_NAMES, operator
 from data_gen.sources import (
-    Grader,
     ModelSource,
     MutationSource,
     PromptSettings,
     ReplaySource,
+    SeededGrading,
 )
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompt = PromptSettings(args.context, args.generation)
     threads = args.workers if args.source == "mutation" else max(args.workers, args.concurrency)
     with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True) as evaluator:
-        grader = Grader(evaluator, args.seed, known, on_new_repair=lambda key, v: journal.append(
+        grader = SeededGrading(evaluator, args.seed, known, on_new_repair=lambda key, v: journal.append(
             {"kind": "repair", "id": f"repair:{key}", "key": key, "verdict": v.to_dict()}))
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("pairs {task.fields[pairs]}, dropped {task.fields[dropped]}"))

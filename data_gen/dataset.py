@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from chat.prompts import describe_case
 from data_gen.pairs import normalized
-from data_gen.prompts import describe_case
 from tasks import get_task
 from tasks.spec import Task
 

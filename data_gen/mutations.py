@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from data_gen.prompts import reference_source
+from chat.prompts import reference_source
 from evaluator.policy import parse_module
 from tasks.spec import Task
 

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
-from data_gen import prompts
+from chat import prompts
 from data_gen.mutations import Mutant, operator
 from evaluator.policy import parse_module
 from evaluator.record import Verdict

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_gen import prompts
-from data_gen.chat_models import ChatModel
+from chat import prompts
+from chat.models import ChatModel
 from data_gen.dataset import round_robin
 from data_gen.mutations import OPERATORS, BugOperator, Mutant, mutants
 from data_gen.pairs import build_pair, explain_mutation
@@ -41,7 +41,7 @@ def seed_for(key: str) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % (2 ** 31)
 
 
-class Grader:
+class SeededGrading:
     """The evaluator on the train split, with the verdict of each distinct repair kept.
 
     A task's solution repairs every mutant of that task; grading it once per run (and reading it
@@ -112,7 +112,7 @@ class MutationSource:
             chosen.extend(round_robin([rng.sample(by_op[n], len(by_op[n])) for n in names], self.max_per_task))
         return chosen
 
-    def process(self, mutant: Mutant, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
+    def process(self, mutant: Mutant, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(mutant.task)
         failing = grader.grade(task, mutant.answer())
         extra = {"line": mutant.line}
@@ -170,7 +170,7 @@ class ModelSource:
         return [ModelItem(f"{t.name}:{self.model.name}:{k}", t.name, k)
                 for t in self.tasks for k in range(self.samples)]
 
-    def process(self, item: ModelItem, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
+    def process(self, item: ModelItem, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(item.task)
         head = prompts.task_messages(task, prompt.context, prompt.generation)
         fixer = self.teacher or self.model
@@ -257,7 +257,7 @@ class ReplaySource:
     def items(self) -> list[ReplayItem]:
         return [i for i in read_replay(self.path) if not self.allowed_tasks or i.task in self.allowed_tasks]
 
-    def process(self, item: ReplayItem, grader: Grader, prompt: PromptSettings) -> dict[str, Any]:
+    def process(self, item: ReplayItem, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(item.task)
         failing = grader.grade(task, item.attempt)
         if failing.ok:

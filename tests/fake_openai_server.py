@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible HTTP server for tests: real sockets, real client, canned answers.
 
-Tests of `data_gen.chat_models` talk to it through the official `openai` client, so the client's
+Tests of `chat.models` talk to it through the official `openai` client, so the client's
 request format, retries and error mapping are exercised rather than mocked.
 """
 

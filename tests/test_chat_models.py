@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from data_gen.chat_models import (
+from chat.models import (
     ChatModel,
     EndpointError,
     LocalHFChatModel,

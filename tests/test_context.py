@@ -13,7 +13,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from data_gen.context import CHIP_FACTS, CONTEXTS, GUIDE_PATH, guide_text, render_context, ridge_point
+from chat.context import CHIP_FACTS, CONTEXTS, GUIDE_PATH, guide_text, render_context, ridge_point
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS, MiB
 
 GUIDE = GUIDE_PATH.read_text(encoding="utf-8")

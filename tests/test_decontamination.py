@@ -1,9 +1,9 @@
 """Held-out cases and held-out tasks never reach a prompt or a dataset row."""
 import pytest
 
-from data_gen.context import CONTEXTS
+from chat.context import CONTEXTS
+from chat.prompts import system_prompt, task_prompt
 from data_gen.dataset import ContaminationError, check_clean, heldout_markers
-from data_gen.prompts import system_prompt, task_prompt
 from tasks import all_tasks, get_task
 
 TRAIN = [t for t in all_tasks() if not t.heldout_task]
@@ -21,7 +21,7 @@ def test_task_prompt_shows_train_shapes_only(task):
     assert not [m for m in heldout_markers(task) if m in prompt]
     assert not [t.name for t in HELDOUT_TASKS if f"`{t.name}`" in prompt]
     assert task.select("train", "check")  # and the train shapes are there
-    from data_gen.prompts import describe_case
+    from chat.prompts import describe_case
     assert all(describe_case(task, c) in prompt for c in task.select("train"))
 
 

@@ -140,7 +140,7 @@ def test_heldout_split_prompts_show_heldout_shapes_and_include_heldout_tasks(tmp
     with FakeOpenAIServer(respond, models=("m",)) as server:
         assert main(["--model", f"m=m@{server.base_url}", "--split", "heldout", "--task", "softmax",
                      "--task", "geglu", "--samples", "1", "--workers", "1", "--out", str(tmp_path)]) == 0
-    from data_gen.prompts import describe_case
+    from chat.prompts import describe_case
     softmax = get_task("softmax")
     prompt = next(p for p in seen if "`softmax`" in p)
     assert all(describe_case(softmax, c) in prompt for c in softmax.select("heldout"))

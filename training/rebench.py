@@ -46,7 +46,7 @@ class ModelSpec:
         return cls(label, model, adapter=adapter or None)
 
     def load(self):
-        from data_gen.chat_models import make_chat_model
+        from chat.models import make_chat_model
 
         return make_chat_model(self.model, base_url=self.base_url, adapter=self.adapter)
 
@@ -78,7 +78,7 @@ def sample_model(spec: ModelSpec, model: Any, tasks: list[tuple[Any, str]], spli
                  temperature: float, max_tokens: int, context: str, evaluator: Any,
                  concurrency: int) -> list[Sample]:
     """n answers per task from one model, each graded on the split's cases."""
-    from data_gen.prompts import task_messages
+    from chat.prompts import task_messages
 
     def one(job: tuple[Any, str, int]) -> Sample:
         task, group, index = job
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from data_gen.chat_models import EndpointError
+    from chat.models import EndpointError
     from tasks import UnknownTaskError
 
     args = parse_args(argv)

@@ -13,9 +13,10 @@ _HI = lax.Precision.HIGHEST
 
 
 def reference(x, w1, w2):
+    out_dtype = x.dtype
     x, w1, w2 = (a.astype(jnp.float32) for a in (x, w1, w2))
     a = jnp.dot(x, w1, precision=_HI)
-    return (jax.nn.gelu(a, approximate=False) * jnp.dot(x, w2, precision=_HI)).astype(x.dtype)
+    return (jax.nn.gelu(a, approximate=False) * jnp.dot(x, w2, precision=_HI)).astype(out_dtype)
 
 
 def arg_specs(case: Case) -> list[ArgSpec]:

@@ -13,9 +13,10 @@ _HI = lax.Precision.HIGHEST
 
 
 def reference(x, w_gate, w_up, w_down):
+    out_dtype = x.dtype
     x, w_gate, w_up, w_down = (a.astype(jnp.float32) for a in (x, w_gate, w_up, w_down))
     h = jax.nn.silu(jnp.dot(x, w_gate, precision=_HI)) * jnp.dot(x, w_up, precision=_HI)
-    return jnp.dot(h, w_down, precision=_HI).astype(x.dtype)
+    return jnp.dot(h, w_down, precision=_HI).astype(out_dtype)
 
 
 def arg_specs(case: Case) -> list[ArgSpec]:

@@ -2,7 +2,7 @@
 
 The ladder is cumulative so that each rung adds information and nothing else changes:
 "none" adds nothing, "spec" adds a TPU spec sheet, "guide" adds the spec sheet followed by our
-written guide to Pallas on TPU (data_gen/guide/pallas_tpu.md).
+written guide to Pallas on TPU (chat/guide/pallas_tpu.md).
 
 The per-generation numbers the evaluator also uses (VMEM, default scoped VMEM limit, HBM
 bandwidth, peak bf16 FLOP/s) come from `evaluator.hardware.GENERATIONS`, so the prompt and the

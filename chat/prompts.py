@@ -6,16 +6,14 @@ generalization and must stay unseen (tests/test_decontamination.py checks it).
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
-from dataclasses import dataclass
+import types
 from functools import cache
 
-from data_gen.context import render_context
+from chat.context import render_context
 from evaluator.hardware import DEFAULT_GENERATION
 from evaluator.policy import parse_module
 from evaluator.record import Verdict
-from tasks import get_task
 from tasks.spec import Case, Task
 
 ROLE = ("You are an expert in JAX Pallas kernels for TPU. You write kernels that compile for TPU, "
@@ -39,62 +37,55 @@ def system_prompt(context: str = "none", generation: str = DEFAULT_GENERATION) -
 
 
 def reference_source(task: Task) -> str:
-    """The reference as a self-contained module: its imports and every top-level helper it uses.
+    """The reference as the model sees it: the import lines it needs, then, callees first, the
+    source of every function and constant of ours it uses, as written.
 
-    Read from the task's own file, so the prompt shows exactly what the evaluator compares with.
+    A reference uses only its own task module and tasks/references.py (the shared helpers):
+    a name imported from there is shown as that helper's source, so the prompt is a
+    self-contained module and exactly what the evaluator compares with.
     """
-    return _reference_source(task.name)
-
-
-@cache
-def _reference_source(name: str) -> str:
-    task = get_task(name)
-    imports: list[str] = []  # external import statements, deduplicated
-    defs: list[str] = []      # helper sources, each after the helpers it uses
-
-    def resolve(module_name: str, name: str) -> None:
-        index = _module_index(module_name)
-        if name in index.defs:
-            source = ast.get_source_segment(index.source, index.defs[name])
-            if source in defs:
-                return
-            for free in _free_names(index.defs[name]):
-                resolve(module_name, free)
-            defs.append(source)
-        elif name in index.imports:
-            node, origin = index.imports[name]
-            if origin.startswith("tasks."):  # another task's helper: inline its source too
-                resolve(origin, next(a.name for a in node.names if (a.asname or a.name) == name))
-            elif (text := ast.get_source_segment(index.source, node)) not in imports:
-                imports.append(text)
-
-    resolve(task.reference.__module__, task.reference.__name__)
+    imports: list[str] = []
+    defs: list[str] = []
+    _resolve(inspect.getmodule(task.reference), task.reference.__name__, imports, defs)
     return "\n".join(imports) + "\n\n\n" + "\n\n\n".join(defs) + "\n"
 
 
-@dataclass(frozen=True)
-class _ModuleIndex:
-    source: str
-    defs: dict[str, ast.stmt]  # top-level functions, classes and simple assignments
-    imports: dict[str, tuple[ast.stmt, str]]  # bound name -> (import statement, module it names)
+def _resolve(module: types.ModuleType, name: str, imports: list[str], defs: list[str]) -> None:
+    binding = _module_bindings(module).get(name)
+    if binding is None:
+        return  # a builtin or a parameter
+    node, text = binding
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        value = getattr(module, name, None)
+        if inspect.isfunction(value) and value.__module__.startswith("tasks."):
+            _resolve(inspect.getmodule(value), value.__name__, imports, defs)  # a shared helper
+        elif text not in imports:
+            imports.append(text)
+        return
+    if text in defs:
+        return
+    for free in _free_names(node):
+        _resolve(module, free, imports, defs)
+    defs.append(text)
 
 
 @cache
-def _module_index(module_name: str) -> _ModuleIndex:
-    source = inspect.getsource(importlib.import_module(module_name))
-    index = _ModuleIndex(source, {}, {})
+def _module_bindings(module: types.ModuleType) -> dict[str, tuple[ast.stmt, str]]:
+    """name -> (the top-level statement that binds it, its source): imports, functions,
+    classes and simple assignments."""
+    source = inspect.getsource(module)
+    found: dict[str, tuple[ast.stmt, str]] = {}
     for node in parse_module(source).body:
+        names: list[str] = []
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            index.defs[node.name] = node
+            names = [node.name]
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            index.defs[node.targets[0].id] = node
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                index.imports[alias.asname or alias.name.split(".")[0]] = (node, alias.name)
-        elif isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                index.imports[alias.asname or alias.name] = (node, node.module or "")
-    return index
+            names = [node.targets[0].id]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [(a.asname or a.name).split(".")[0] for a in node.names]
+        for n in names:
+            found[n] = (node, ast.get_source_segment(source, node))
+    return found
 
 
 def _free_names(node: ast.stmt) -> list[str]:

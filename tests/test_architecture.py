@@ -1,0 +1,85 @@
+"""The layout contract (docs/architecture.md): our packages import each other's public names
+only, and neither modules nor packages import each other in a cycle (function-level imports
+count: a lazy import hides a cycle, it does not remove it)."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tasks", "evaluator", "chat", "data_gen", "training")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _ours(name: str) -> str | None:
+    """The module of ours that `name` (a dotted import target) is, or lies in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> list[tuple[str, str | None, int]]:
+    """(imported module of ours, imported name or None, line) for every import in a module."""
+    out = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            out += [(m, None, node.lineno) for a in node.names if (m := _ours(a.name))]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (m := _ours(node.module or "")):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if sub in MODULES:  # `from evaluator import perf_model`: a module
+                    out.append((sub, None, node.lineno))
+                else:
+                    out.append((m, alias.name, node.lineno))
+    return out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    offences = [f"{module}:{line} imports {name} from {target}"
+                for module in MODULES for target, name, line in _imports(module)
+                if name and name.startswith("_") and target != module]
+    assert not offences, "\n".join(offences)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_among_modules_or_packages():
+    modules = {m: {t for t, _, _ in _imports(m) if t != m} for m in MODULES}
+    # a package's __init__ importing its own submodules is how packages work, not a cycle
+    modules = {m: {t for t in ts if not (m in PACKAGES and t.startswith(m + "."))} for m, ts in modules.items()}
+    assert _cycle(modules) is None, " -> ".join(_cycle(modules))
+    packages: dict[str, set[str]] = {}
+    for m, targets in modules.items():
+        packages.setdefault(m.split(".")[0], set()).update(
+            t.split(".")[0] for t in targets if t.split(".")[0] != m.split(".")[0])
+    assert _cycle(packages) is None, " -> ".join(_cycle(packages))
