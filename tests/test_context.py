@@ -111,7 +111,7 @@ def test_unknown_kind_or_generation_raises(kind, generation):
 
 
 def test_guide_shipped_next_to_the_package():
-    resource = importlib.resources.files("data_gen") / "guide" / "pallas_tpu.md"
+    resource = importlib.resources.files("chat") / "guide" / "pallas_tpu.md"
     assert resource.read_text(encoding="utf-8") == GUIDE
     assert 150 <= len(GUIDE.splitlines()) <= 260
 
