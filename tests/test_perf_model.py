@@ -136,3 +136,27 @@ def test_f32_matmuls_run_at_the_f32_rate_and_the_ideal_follows_the_case_dtype():
     bf16_est = estimate(bf16.name, summary, gen, reference, list(task.arg_specs(bf16)),
                         list(task.out_specs(bf16)))
     assert bf16_est.ideal_time_s == bf16_est.floor_time_s
+
+
+def test_causal_tasks_need_only_half_the_reference_flops():
+    """A causal kernel that skips the masked half (a triangular grid) is honest: the floor the
+    grader holds estimates to, and the share of work it asks kernels to do, follow
+    Task.necessary_flops_share instead of the reference's full S x S logits."""
+    from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
+    from evaluator.stages import _missing_work
+
+    task = get_task("attention_fwd_causal")
+    assert task.necessary_flops_share == 0.5 and get_task("attention_fwd").necessary_flops_share == 1.0
+    case = next(c for c in task.select("train", "bench") if c.dtype == "bfloat16")
+    reference = ReferenceCache().cost(task, case)
+    triangular = TraceSummary([PallasCallInfo("flash", [1], [], [], 0, None, None, [],
+                                              flops_per_step=0.45 * reference.flops)],
+                              OutsideCost(), [])
+    assert _missing_work(triangular, reference.flops * task.necessary_flops_share, case) is None
+    assert _missing_work(triangular, reference.flops, case) is not None
+    args, outs = list(task.arg_specs(case)), list(task.out_specs(case))
+    full = estimate(case.name, triangular, GENERATIONS["v5e"], reference, args, outs)
+    half = estimate(case.name, triangular, GENERATIONS["v5e"], reference, args, outs,
+                    task.necessary_flops_share)
+    assert half.floor_time_s == pytest.approx(0.5 * full.floor_time_s)  # compute-bound
+    assert half.time_s / half.floor_time_s >= 0.8 > full.time_s / full.floor_time_s
