@@ -91,7 +91,7 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
              args: list[ArgSpec], outs: list[ArgSpec], necessary_flops_share: float = 1.0
              ) -> PerfEstimate:
     """`reference`: the reference's cost (evaluator/reference.py) whose FLOPs and matmul FLOPs
-    the ideal kernel does, its matmuls at the f32 rate when the case's float inputs are f32.
+    the ideal kernel does, its matmuls at the f32 rate when the first argument is f32.
     `necessary_flops_share` (Task.necessary_flops_share) scales the FLOPs of the floor."""
     kernels = [kernel_estimate(c, gen) for c in summary.pallas_calls]
     outside = summary.outside
@@ -102,7 +102,9 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
     time_s = sum(k.time_s for k in kernels) + roofline(outside.flops, glue_bytes, gen,
                                                        outside.f32_matmul_flops)
     ideal_bytes = float(sum(math.prod(a.shape) * np_dtype(a.dtype).itemsize for a in (*args, *outs)))
-    f32_case = any(a.dtype == "float32" for a in args)
+    # The ideal's matmuls run at the rate of the task's main operand (its first argument: x,
+    # q, lhs), not of any f32 side input (attention backward's lse, int8 matmul's scales).
+    f32_case = bool(args) and args[0].dtype == "float32"
     ideal_time = roofline(reference.flops, ideal_bytes, gen,
                           reference.matmul_flops if f32_case else 0.0)
     return PerfEstimate(

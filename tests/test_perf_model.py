@@ -160,3 +160,32 @@ def test_causal_tasks_need_only_half_the_reference_flops():
                     task.necessary_flops_share)
     assert half.floor_time_s == pytest.approx(0.5 * full.floor_time_s)  # compute-bound
     assert half.time_s / half.floor_time_s >= 0.8 > full.time_s / full.floor_time_s
+
+
+_PREFETCH_SOURCE = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+def _scale(n_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * n_ref[0].astype(jnp.float32)
+
+def kernel(x, y):
+    n = jnp.ones((1,), jnp.int32)
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(x.shape[0] // 512, x.shape[1] // 512),
+        in_specs=[pl.BlockSpec((512, 512), lambda i, j, n_ref: ({row}, j))],
+        out_specs=pl.BlockSpec((512, 512), lambda i, j, n_ref: (i, j)))
+    return pl.pallas_call(_scale, grid_spec=spec,
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(n, x)
+'''
+
+
+def test_index_maps_that_ignore_prefetched_scalars_are_counted_exactly():
+    # With scalar prefetch every index map receives the prefetched refs: only one that reads
+    # them is data-dependent (charged a fetch per step).
+    (plain,) = _summary(_PREFETCH_SOURCE.format(row="i")).pallas_calls
+    assert [b.fetches for b in plain.blocks] == [64, 64]
+    (reads,) = _summary(_PREFETCH_SOURCE.format(row="i * n_ref[0]")).pallas_calls
+    assert [b.fetches for b in reads.blocks] == [None, 64]
