@@ -62,6 +62,13 @@ class Mutant:
         return self.source.removesuffix(TRUNCATION_MARK)
 
 
+# Expressions that bind more loosely than the context they may replace a node in: a rewrite
+# into one of these contexts needs parentheses to keep its meaning (and to parse at all).
+_LOOSE_EXPRESSIONS = (ast.IfExp, ast.Lambda, ast.BoolOp, ast.NamedExpr, ast.BinOp, ast.Compare)
+_TIGHT_CONTEXTS = (ast.Attribute, ast.Subscript, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp,
+                   ast.Await, ast.Starred)
+
+
 class SourceModule:
     """A solution's source with its AST, parent links and which functions are kernel bodies."""
 
@@ -114,6 +121,9 @@ class SourceModule:
     def site(self, node: ast.AST, replacement: ast.AST | str, **facts: str) -> Site:
         """A one-node rewrite; the facts always include function, line, before and after."""
         after = replacement if isinstance(replacement, str) else ast.unparse(replacement)
+        if (isinstance(replacement, _LOOSE_EXPRESSIONS) and type(replacement) is not type(node)
+                and isinstance(self.parent.get(node), _TIGHT_CONTEXTS)):
+            after = f"({after})"  # `where(c, a, 0).astype(t)` -> `(a if c else 0).astype(t)`
         facts = dict(function=self.function_name(node), line=str(node.lineno), before=self.text(node),
                      after=after, **facts)
         if node.lineno == node.end_lineno:

@@ -50,8 +50,9 @@ class PerfEstimate:
     bound: str  # "memory" or "compute", for the estimate
     kernels: list[KernelEstimate]
     # The ideal kernel with every matmul at the bf16 rate (an f32 task's kernel may feed the
-    # MXU bf16 operands: at default precision that is what the chip computes anyway). No
-    # kernel doing the task's work can be faster than this.
+    # MXU bf16 operands: at default precision that is what the chip computes anyway) and only
+    # the FLOPs the task needs (Task.necessary_flops_share: causal attention may skip half).
+    # No kernel doing the task's work can be faster than this.
     floor_time_s: float = 0.0
     grid_steps: int = 0  # over all kernels and their runs, each costing GRID_STEP_S
 
@@ -88,9 +89,11 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
 
 
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,
-             args: list[ArgSpec], outs: list[ArgSpec]) -> PerfEstimate:
+             args: list[ArgSpec], outs: list[ArgSpec], necessary_flops_share: float = 1.0
+             ) -> PerfEstimate:
     """`reference`: the reference's cost (evaluator/reference.py) whose FLOPs and matmul FLOPs
-    the ideal kernel does, its matmuls at the f32 rate when the case's float inputs are f32."""
+    the ideal kernel does, its matmuls at the f32 rate when the first argument is f32.
+    `necessary_flops_share` (Task.necessary_flops_share) scales the FLOPs of the floor."""
     kernels = [kernel_estimate(c, gen) for c in summary.pallas_calls]
     outside = summary.outside
     glue_bytes = outside.bytes_accessed
@@ -100,7 +103,9 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
     time_s = sum(k.time_s for k in kernels) + roofline(outside.flops, glue_bytes, gen,
                                                        outside.f32_matmul_flops)
     ideal_bytes = float(sum(math.prod(a.shape) * np_dtype(a.dtype).itemsize for a in (*args, *outs)))
-    f32_case = any(a.dtype == "float32" for a in args)
+    # The ideal's matmuls run at the rate of the task's main operand (its first argument: x,
+    # q, lhs), not of any f32 side input (attention backward's lse, int8 matmul's scales).
+    f32_case = bool(args) and args[0].dtype == "float32"
     ideal_time = roofline(reference.flops, ideal_bytes, gen,
                           reference.matmul_flops if f32_case else 0.0)
     return PerfEstimate(
@@ -110,7 +115,7 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
         slowdown_vs_ideal=time_s / ideal_time if ideal_time else float("inf"),
         bound="compute" if compute_time(flops, f32_matmul, gen) >= hbm / gen.hbm_bytes_per_s
         else "memory", kernels=kernels,
-        floor_time_s=roofline(reference.flops, ideal_bytes, gen),
+        floor_time_s=roofline(reference.flops * necessary_flops_share, ideal_bytes, gen),
         grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)))
 
 

@@ -160,7 +160,7 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
                            f"(mostly {ops}); only glue such as padding, reshapes and casts may run "
                            f"outside (limit {OUTSIDE_FLOPS_SHARE:.0%}).")
         if case.size == "bench" and ref_flops:
-            failure = _missing_work(summary, ref_flops, case)
+            failure = _missing_work(summary, ref_flops * ctx.task.necessary_flops_share, case)
             if failure is not None:
                 return failure
     return None
@@ -192,7 +192,8 @@ def _origin_failure(origins: list[KernelOrigin], case: Case) -> Failure | None:
 def _missing_work(summary: TraceSummary, ref_flops: float, case: Case) -> Failure | None:
     """At a bench size (traced and lowered, timed on a TPU, never compared on a CPU) the
     kernels must still do the task's arithmetic: a kernel that is right only where it is
-    checked does its real work at check sizes alone."""
+    checked does its real work at check sizes alone. `ref_flops`: the FLOPs the task needs
+    (the reference's, times Task.necessary_flops_share)."""
     inside = summary.kernel_flops
     if inside >= INSIDE_FLOPS_SHARE * ref_flops:
         return None
@@ -285,7 +286,8 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
     for case in ctx.task.select(ctx.split, "bench"):
         est = perf_model.estimate(case.name, ctx.summaries[case.name], ctx.generation,
                                   ctx.references.cost(ctx.task, case),
-                                  list(ctx.task.arg_specs(case)), list(ctx.task.out_specs(case)))
+                                  list(ctx.task.arg_specs(case)), list(ctx.task.out_specs(case)),
+                                  ctx.task.necessary_flops_share)
         estimates[case.name] = dataclasses.asdict(est)
         ctx.verdict.details.setdefault("perf_estimate", est.summary())
     ctx.verdict.details["perf_model"] = estimates

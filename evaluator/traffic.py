@@ -25,19 +25,32 @@ def block_fetches(block_mapping: Any, grid: tuple[int, ...]) -> int | None:
 
     closed = block_mapping.index_map_jaxpr
     steps = math.prod(grid)
-    if len(closed.jaxpr.invars) != len(grid) or steps > MAX_GRID_POINTS:
+    # With scalar prefetch the index map also receives the prefetched refs; only a map that
+    # reads them depends on the data.
+    prefetched = closed.jaxpr.invars[len(grid):]
+    if len(closed.jaxpr.invars) < len(grid) or steps > MAX_GRID_POINTS or _reads(closed.jaxpr, prefetched):
         return None
     if steps <= 1:
         return steps
     # Grid points in iteration order: lexicographic, last axis fastest.
     points = np.indices(grid).reshape(len(grid), -1).astype(np.int32)
-    eval_map = jax.vmap(lambda *idx: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *idx))
+    unread = [None] * len(prefetched)  # never looked at: _reads said so
+    eval_map = jax.vmap(lambda *idx: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *idx, *unread))
     indices = [np.asarray(i).reshape(steps) for i in eval_map(*points)]
     if not indices:
         return 1
     stacked = np.stack(indices)  # [block dims, steps]
     changes = int(np.count_nonzero(np.any(stacked[:, 1:] != stacked[:, :-1], axis=0)))
     return 1 + changes
+
+
+def _reads(jaxpr: Any, variables: list) -> bool:
+    """Whether any equation of `jaxpr` (or its result) uses one of `variables`."""
+    wanted = {id(v) for v in variables}
+    if not wanted:
+        return False
+    used = [v for eqn in jaxpr.eqns for v in eqn.invars] + list(jaxpr.outvars)
+    return any(id(v) in wanted for v in used)
 
 
 def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | None = None

@@ -136,6 +136,10 @@ class Task:
     # integer input (None for the others): what a data-dependent loop can run to, so the
     # evaluator counts such loops at their maximum trip count (evaluator/intervals.py).
     int_bounds: Callable[[Case], Sequence[tuple[int, int] | None]] | None = None
+    # The least share of the reference's FLOPs a correct kernel must do: below 1 where the
+    # reference computes what a kernel may skip (the masked half of causal attention). The
+    # grader's "faster than any kernel doing the work" rule reads it (evaluator/perf_model.py).
+    necessary_flops_share: float = 1.0
 
     def __post_init__(self) -> None:
         unknown = set(self.required_features) - set(KNOWN_FEATURES)

@@ -249,13 +249,15 @@ def test_paged_attention_counts_every_chunk_and_its_dmas():
     closed = jax.make_jaxpr(_solution("paged_attention").kernel)(*_specs(list(task.arg_specs(case))))
     (call,) = summarize(closed, traffic=True, arg_bounds=task.arg_bounds(case)).pallas_calls
     (once,) = summarize(closed, traffic=True).pallas_calls
-    # Chunks of 256 tokens (16 pages of 16); lengths up to 256 pages: at most 16 chunks, and
-    # each iteration may start the next chunk's k and v page copies (plus the first chunk's).
-    chunk_bytes = (256 // d["page_size"]) * 2 * d["page_size"] * d["d"] * 4
+    # One grid step per sequence, all kv heads at once. Chunks of 256 tokens (16 pages of 16);
+    # lengths up to 256 pages: at most 16 chunks, each copied once (k and v pages of every kv
+    # head). Without the lengths' bounds the loop counts once: the first chunk and one more.
+    chunk_bytes = (256 // d["page_size"]) * 2 * d["hkv"] * d["page_size"] * d["d"] * 4
     chunks = math.ceil(d["pages_per_seq"] * d["page_size"] / 256)
-    assert call.dma_bytes_per_step == (1 + chunks) * chunk_bytes
+    assert call.grid == [d["b"]]
+    assert call.dma_bytes_per_step == chunks * chunk_bytes
     assert once.dma_bytes_per_step == 2 * chunk_bytes and once.data_dependent_trips
     assert not call.data_dependent_trips
-    # Per kv head and sequence: q [hq / hkv, d] against every key and value of the chunks.
-    dots = chunks * 2 * (2 * (d["hq"] // d["hkv"]) * 256 * d["d"])
+    # Per sequence: every query head [d] against every key and value of the chunks.
+    dots = chunks * 2 * (2 * d["hq"] * 256 * d["d"])
     assert dots <= call.flops_per_step <= 1.2 * dots

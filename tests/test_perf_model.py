@@ -137,3 +137,56 @@ def test_f32_matmuls_run_at_the_f32_rate_and_the_ideal_follows_the_case_dtype():
     bf16_est = estimate(bf16.name, summary, gen, reference, list(task.arg_specs(bf16)),
                         list(task.out_specs(bf16)))
     assert bf16_est.ideal_time_s == bf16_est.floor_time_s
+
+
+def test_causal_tasks_need_only_half_the_reference_flops():
+    """A causal kernel that skips the masked half (a triangular grid) is honest: the floor the
+    grader holds estimates to, and the share of work it asks kernels to do, follow
+    Task.necessary_flops_share instead of the reference's full S x S logits."""
+    from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
+    from evaluator.stages import _missing_work
+
+    task = get_task("attention_fwd_causal")
+    assert task.necessary_flops_share == 0.5 and get_task("attention_fwd").necessary_flops_share == 1.0
+    case = next(c for c in task.select("train", "bench") if c.dtype == "bfloat16")
+    reference = ReferenceCache().cost(task, case)
+    triangular = TraceSummary([PallasCallInfo("flash", [1], [], [], 0, None, None, [],
+                                              flops_per_step=0.45 * reference.flops)],
+                              OutsideCost(), [])
+    assert _missing_work(triangular, reference.flops * task.necessary_flops_share, case) is None
+    assert _missing_work(triangular, reference.flops, case) is not None
+    args, outs = list(task.arg_specs(case)), list(task.out_specs(case))
+    full = estimate(case.name, triangular, GENERATIONS["v5e"], reference, args, outs)
+    half = estimate(case.name, triangular, GENERATIONS["v5e"], reference, args, outs,
+                    task.necessary_flops_share)
+    assert half.floor_time_s == pytest.approx(0.5 * full.floor_time_s)  # compute-bound
+    assert half.time_s / half.floor_time_s >= 0.8 > full.time_s / full.floor_time_s
+
+
+_PREFETCH_SOURCE = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+def _scale(n_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * n_ref[0].astype(jnp.float32)
+
+def kernel(x, y):
+    n = jnp.ones((1,), jnp.int32)
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(x.shape[0] // 512, x.shape[1] // 512),
+        in_specs=[pl.BlockSpec((512, 512), lambda i, j, n_ref: ({row}, j))],
+        out_specs=pl.BlockSpec((512, 512), lambda i, j, n_ref: (i, j)))
+    return pl.pallas_call(_scale, grid_spec=spec,
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(n, x)
+'''
+
+
+def test_index_maps_that_ignore_prefetched_scalars_are_counted_exactly():
+    # With scalar prefetch every index map receives the prefetched refs: only one that reads
+    # them is data-dependent (charged a fetch per step).
+    (plain,) = _summary(_PREFETCH_SOURCE.format(row="i")).pallas_calls
+    assert [b.fetches for b in plain.blocks] == [64, 64]
+    (reads,) = _summary(_PREFETCH_SOURCE.format(row="i * n_ref[0]")).pallas_calls
+    assert [b.fetches for b in reads.blocks] == [None, 64]

@@ -109,7 +109,7 @@ CASES = (
 
 
 def build_task(*, name: str, description: str, reference_fn, make_inputs_fn,
-               solution_path: Path) -> Task:
+               solution_path: Path, necessary_flops_share: float = 1.0) -> Task:
     """An attention-backward task over the shared cases; the two variants differ only in the mask."""
     return Task(
         name=name,
@@ -126,6 +126,7 @@ def build_task(*, name: str, description: str, reference_fn, make_inputs_fn,
         solution_path=solution_path,
         required_features=(),
         tolerances=dict(TOLERANCES),
+        necessary_flops_share=necessary_flops_share,
     )
 
 

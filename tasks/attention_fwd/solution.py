@@ -1,10 +1,24 @@
-"""Flash-attention forward (no mask): online softmax over kv blocks with f32 VMEM scratch.
+"""Flash-attention forward (no mask): a whole head per grid step, resident in VMEM.
 
-Grid (batch, heads, q blocks, kv blocks). The kv axis is last and "arbitrary": for one q block the
-kernel walks the kv blocks in order, keeping a running row max m, a running row sum l and an f32
-accumulator acc in VMEM scratch, and writes o = acc / l after the last kv block. A sequence that is
-not a multiple of the block is padded in the wrapper; padded keys are masked out of the softmax and
-padded query rows are sliced off the output.
+Grid (batch, heads, q blocks), all "parallel"; at the bench sizes a q block is the whole
+sequence, so the grid is one step per head. The k and v blocks are the head's whole
+[seq, head_dim] (their index map ignores the q-block axis) and q and o move in blocks of up to
+BLOCK_Q rows: every operand is read from (or written to) HBM exactly once, and the pipeline
+fetches the next head while this one computes. Inside a step the kernel loops over query tiles
+of TILE_Q rows and, for each, over the keys in chunks of BLOCK_K rows, carrying the
+online-softmax state (running row max m, row sum l, f32 accumulator acc) through the inner
+fori_loop, and writes o = acc / l for the tile.
+
+BLOCK_Q = 4096 makes the grid one step per head up to seq 4096 (the per-step cost is what is
+left once every operand moves once); TILE_Q = BLOCK_K = 512 gives [512, 512] f32 logits tiles
+(1 MiB). The resident blocks need 8 * seq * head_dim * itemsize bytes (q, k, v, o
+double-buffered), so vmem_limit_bytes is raised to fit (seq 4096, f32: 16 MiB).
+
+Nothing is padded in HBM: a sequence that is not a multiple of a tile ends inside the last q
+block and inside the k/v block (blocks may overhang the array; the pipeline copies only the
+rows that exist and drops the overhanging output rows on write-back). The rows past the
+sequence hold stale VMEM, so the last key chunk masks those keys out of the softmax and zeroes
+those values; the stale query rows only produce output rows that are never written.
 """
 import functools
 
@@ -16,89 +30,100 @@ from jax.experimental.pallas import tpu as pltpu
 
 # Finite, so a masked logit gives exp(_MASK_VALUE - m) == 0 and never exp(-inf - -inf) == NaN.
 _MASK_VALUE = -1e30
+BLOCK_Q = 4096  # query rows per grid step (at most)
+TILE_Q = 512    # query rows per inner-loop tile
+BLOCK_K = 512   # keys per inner-loop chunk
+_MiB = 1 << 20
 
 
 def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-def _block_size(seq):
-    """Rows per q block and per kv block.
-
-    Long sequences take 512: fewer grid steps and a [512, 512] logits tile that keeps the MXU busy.
-    Short ones take 128 (the smallest lane-aligned kv tile) so padding wastes little.
-    """
-    return 512 if seq >= 1024 else 128
-
-
-def attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *,
-                     scale, seq_len, block_k):
-    kv = pl.program_id(3)
-
-    @pl.when(kv == 0)
-    def _init():
-        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
-        l_ref[...] = jnp.zeros_like(l_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    q = q_ref[...]  # [block_q, head_dim]
-    k = k_ref[...]  # [block_k, head_dim]
-    v = v_ref[...]  # [block_k, head_dim]
-    # q @ k^T without materialising k^T: contract the head_dim of both.
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                        preferred_element_type=jnp.float32) * scale  # [block_q, block_k]
-    if seq_len % block_k:  # static: only a padded sequence has keys to hide
-        key_pos = kv * block_k + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        s = jnp.where(key_pos < seq_len, s, _MASK_VALUE)
-
-    m_prev = m_ref[...]  # [block_q, 1]
-    m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
-    alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
-    p = jnp.exp(s - m_new)  # [block_q, block_k]
-    l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
-    acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-        p.astype(v.dtype), v, preferred_element_type=jnp.float32)  # [block_q, head_dim]
-    m_ref[...] = m_new
-
-    @pl.when(kv == pl.num_programs(3) - 1)
-    def _store():
-        o_ref[...] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
+def _q_blocking(rows):
+    """(tile, block, blocks): tiles of TILE_Q rows (fewer for short inputs), grouped into
+    `blocks` equal grid blocks of at most BLOCK_Q rows that cover the rows with the least
+    overhang."""
+    tile = min(TILE_Q, _round_up(rows, 128))
+    tiles = pl.cdiv(rows, tile)
+    blocks = pl.cdiv(tiles, max(1, BLOCK_Q // tile))
+    return tile, pl.cdiv(tiles, blocks) * tile, blocks
 
 
-@functools.partial(jax.jit, static_argnames=("block_q", "block_k"))
-def _attention(q, k, v, *, block_q, block_k):
+def attention_kernel(q_ref, k_ref, v_ref, o_ref, *, scale, seq_len, tile_q, block_k):
+    head_dim = q_ref.shape[-1]
+    n_chunks = pl.cdiv(seq_len, block_k)  # static: chunks that hold a real key
+
+    def q_tile(i, _):
+        rows = pl.ds(pl.multiple_of(i * tile_q, tile_q), tile_q)
+        q = q_ref[rows, :]  # [tile_q, head_dim]
+
+        def chunk(j, carry):
+            m_prev, l_prev, acc_prev = carry
+            start = pl.multiple_of(j * block_k, block_k)
+            k = k_ref[pl.ds(start, block_k), :]  # [block_k, head_dim]
+            v = v_ref[pl.ds(start, block_k), :]
+            # q @ k^T without materialising k^T: contract the head_dim of both.
+            s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32) * scale  # [tile_q, block_k]
+            if seq_len % block_k:  # static: the last chunk runs past the sequence
+                def mask(s, v):
+                    # Rows past the sequence hold whatever VMEM held: hide the keys and zero
+                    # the values (p = 0 times a stale NaN would still be NaN).
+                    key_pos = start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+                    val_pos = start + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+                    return (jnp.where(key_pos < seq_len, s, _MASK_VALUE),
+                            jnp.where(val_pos < seq_len, v, 0))
+                s, v = lax.cond(j == n_chunks - 1, mask, lambda s, v: (s, v), s, v)
+            m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
+            alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
+            p = jnp.exp(s - m_new)
+            l_new = alpha * l_prev + jnp.sum(p, axis=-1, keepdims=True)
+            acc_new = alpha * acc_prev + jnp.dot(p.astype(v.dtype), v,
+                                                 preferred_element_type=jnp.float32)
+            return m_new, l_new, acc_new
+
+        init = (jnp.full((tile_q, 1), -jnp.inf, jnp.float32), jnp.zeros((tile_q, 1), jnp.float32),
+                jnp.zeros((tile_q, head_dim), jnp.float32))
+        _, l, acc = lax.fori_loop(0, n_chunks, chunk, init)
+        o_ref[rows, :] = (acc / l).astype(o_ref.dtype)
+        return 0
+
+    lax.fori_loop(0, q_ref.shape[0] // tile_q, q_tile, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("tile_q", "block_q", "q_blocks", "block_k"))
+def _attention(q, k, v, *, tile_q, block_q, q_blocks, block_k):
     batch, heads, seq, head_dim = q.shape
-    seq_pad = _round_up(seq, max(block_q, block_k))
-    if seq_pad != seq:
-        pad = ((0, 0), (0, 0), (0, seq_pad - seq), (0, 0))
-        q, k, v = (jnp.pad(x, pad) for x in (q, k, v))
-    grid = (batch, heads, seq_pad // block_q, seq_pad // block_k)
+    kv_rows = _round_up(seq, block_k)  # the k/v block: whole chunks, overhanging the array
     kernel_fn = functools.partial(attention_kernel, scale=head_dim ** -0.5, seq_len=seq,
-                                  block_k=block_k)
+                                  tile_q=tile_q, block_k=block_k)
     q_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, block_q, head_dim),
-                          lambda b, h, i, j: (b, h, i, 0))
-    kv_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, block_k, head_dim),
-                           lambda b, h, i, j: (b, h, j, 0))
+                          lambda b, h, i: (b, h, i, 0))
+    kv_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, kv_rows, head_dim),
+                           lambda b, h, i: (b, h, 0, 0))  # the whole head, fetched once
+    itemsize = q.dtype.itemsize
+    vmem = (4 * (block_q + kv_rows) * head_dim * itemsize  # q, o, k, v, double-buffered
+            + 8 * tile_q * block_k * 4 + 8 * _MiB)         # logits tiles and headroom
     out = pl.pallas_call(
         kernel_fn,
-        grid=grid,
+        grid=(batch, heads, q_blocks),
         in_specs=[q_spec, kv_spec, kv_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_shapes=[
-            pltpu.VMEM((block_q, 1), jnp.float32),         # m: running row max
-            pltpu.VMEM((block_q, 1), jnp.float32),         # l: running row sum
-            pltpu.VMEM((block_q, head_dim), jnp.float32),  # acc: unnormalised output
-        ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            vmem_limit_bytes=int(min(vmem, 100 * _MiB))),
     )(q, k, v)
-    return out[:, :, :seq, :]
+    return out
 
 
 def kernel(q, k, v):
     if q.ndim != 4 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"expected q, k, v of one shape [batch, heads, seq, head_dim], "
                          f"got {q.shape=} {k.shape=} {v.shape=}")
-    block = _block_size(q.shape[2])
-    return _attention(q, k, v, block_q=block, block_k=block)
+    seq = q.shape[2]
+    tile_q, block_q, q_blocks = _q_blocking(seq)
+    block_k = min(BLOCK_K, _round_up(seq, 128))
+    return _attention(q, k, v, tile_q=tile_q, block_q=block_q, q_blocks=q_blocks,
+                      block_k=block_k)

@@ -49,7 +49,8 @@ CASES = (
 )
 
 
-def build_task(*, name: str, description: str, reference_fn, solution_path: Path) -> Task:
+def build_task(*, name: str, description: str, reference_fn, solution_path: Path,
+               necessary_flops_share: float = 1.0) -> Task:
     """An attention-forward task over the shared cases; the two variants differ only in the mask."""
     return Task(
         name=name,
@@ -65,6 +66,7 @@ def build_task(*, name: str, description: str, reference_fn, solution_path: Path
         solution_path=solution_path,
         required_features=(),
         tolerances=dict(ATTENTION_TOLERANCES),
+        necessary_flops_share=necessary_flops_share,
     )
 
 

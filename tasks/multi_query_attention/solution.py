@@ -1,15 +1,27 @@
-"""Multi-query attention: the query heads of a batch row are stacked into one tall query matrix.
+"""Multi-query attention: the query heads of a batch row are stacked into one tall query matrix,
+and the row's shared k and v stay resident in VMEM.
 
 Every query head of batch row b attends to the same k[b, 0] and v[b, 0] with no mask, so
 q[b] ([heads, seq, head_dim]) reshaped to [heads * seq, head_dim] is one single-head attention
-problem with heads * seq query rows. The reshape is free (contiguous), and a block of query rows
-may span several heads: each kv block fetched is used by up to 512 query rows at once, and the
-grid has heads times fewer steps than a per-head grid.
+problem with heads * seq query rows (the reshape is free: contiguous).
 
-Grid (batch, query-row blocks, kv blocks): flash-attention forward, the kv axis last and
-"arbitrary", with a running row max m, row sum l and f32 accumulator in VMEM scratch, written
-out as acc / l after the last kv block. Keys past seq (padding up to the kv block) are masked
-out; padded query rows are sliced off.
+Grid (batch, query-row blocks), both "parallel". The k and v blocks are the batch row's whole
+[seq, head_dim] (their index map ignores the row-block axis), so the pipeline fetches them once
+per batch row, and q and o move in blocks of up to BLOCK_Q rows that span several heads: every
+operand is read from (or written to) HBM exactly once. Inside a step the kernel loops over
+query tiles of TILE_Q rows and, for each, over the keys in chunks of BLOCK_K rows, carrying
+the online-softmax state (running row max m, row sum l, f32 accumulator acc) through the
+inner fori_loop, and writes o = acc / l for the tile.
+
+BLOCK_Q = 4096 rows per grid step keeps the grid at heads * seq / 4096 steps per batch row;
+TILE_Q = BLOCK_K = 512 gives [512, 512] f32 logits tiles (1 MiB). The resident blocks need
+4 * (BLOCK_Q + seq) * head_dim * itemsize bytes (double-buffered), so vmem_limit_bytes is
+raised to fit.
+
+Nothing is padded in HBM: blocks may overhang the arrays (the pipeline copies only the rows
+that exist and drops overhanging output rows on write-back). The k/v rows past seq hold stale
+VMEM, so the last key chunk masks those keys out of the softmax and zeroes those values; stale
+query rows only produce output rows that are never written.
 """
 import functools
 
@@ -21,74 +33,94 @@ from jax.experimental.pallas import tpu as pltpu
 
 # Finite, so a masked logit gives exp(_MASK_VALUE - m) == 0 and never exp(-inf - -inf) == NaN.
 _MASK_VALUE = -1e30
+BLOCK_Q = 4096  # query rows (of one or several heads) per grid step, at most
+TILE_Q = 512    # query rows per inner-loop tile
+BLOCK_K = 512   # keys per inner-loop chunk
+_MiB = 1 << 20
 
 
 def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-def mqa_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, seq_len, block_k):
-    kv = pl.program_id(2)
-
-    @pl.when(kv == 0)
-    def _init():
-        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
-        l_ref[...] = jnp.zeros_like(l_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    q = q_ref[...]  # [block_q, head_dim]: query rows of one or several heads
-    k = k_ref[...]  # [block_k, head_dim]
-    v = v_ref[...]  # [block_k, head_dim]
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                        preferred_element_type=jnp.float32) * scale  # [block_q, block_k]
-    if seq_len % block_k:  # static: only a padded sequence has keys to hide
-        key_pos = kv * block_k + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        s = jnp.where(key_pos < seq_len, s, _MASK_VALUE)
-
-    m_prev = m_ref[...]  # [block_q, 1]
-    m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
-    alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
-    p = jnp.exp(s - m_new)
-    l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
-    acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-        p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    m_ref[...] = m_new
-
-    @pl.when(kv == pl.num_programs(2) - 1)
-    def _store():
-        o_ref[...] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
+def _q_blocking(rows):
+    """(tile, block, blocks): tiles of TILE_Q rows (fewer for short inputs), grouped into
+    `blocks` equal grid blocks of at most BLOCK_Q rows that cover the rows with the least
+    overhang."""
+    tile = min(TILE_Q, _round_up(rows, 128))
+    tiles = pl.cdiv(rows, tile)
+    blocks = pl.cdiv(tiles, max(1, BLOCK_Q // tile))
+    return tile, pl.cdiv(tiles, blocks) * tile, blocks
 
 
-@functools.partial(jax.jit, static_argnames=("block_q", "block_k"))
-def _mqa(q, k, v, *, block_q, block_k):
+def mqa_kernel(q_ref, k_ref, v_ref, o_ref, *, scale, seq_len, tile_q, block_k):
+    head_dim = q_ref.shape[-1]
+    n_chunks = pl.cdiv(seq_len, block_k)  # static: chunks that hold a real key
+
+    def q_tile(i, _):
+        rows = pl.ds(pl.multiple_of(i * tile_q, tile_q), tile_q)
+        q = q_ref[rows, :]  # [tile_q, head_dim]
+
+        def chunk(j, carry):
+            m_prev, l_prev, acc_prev = carry
+            start = pl.multiple_of(j * block_k, block_k)
+            k = k_ref[pl.ds(start, block_k), :]  # [block_k, head_dim]
+            v = v_ref[pl.ds(start, block_k), :]
+            # q @ k^T without materialising k^T: contract the head_dim of both.
+            s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32) * scale  # [tile_q, block_k]
+            if seq_len % block_k:  # static: the last chunk runs past the sequence
+                def mask(s, v):
+                    # Rows past the sequence hold whatever VMEM held: hide the keys and zero
+                    # the values (p = 0 times a stale NaN would still be NaN).
+                    key_pos = start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+                    val_pos = start + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+                    return (jnp.where(key_pos < seq_len, s, _MASK_VALUE),
+                            jnp.where(val_pos < seq_len, v, 0))
+                s, v = lax.cond(j == n_chunks - 1, mask, lambda s, v: (s, v), s, v)
+            m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
+            alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
+            p = jnp.exp(s - m_new)
+            l_new = alpha * l_prev + jnp.sum(p, axis=-1, keepdims=True)
+            acc_new = alpha * acc_prev + jnp.dot(p.astype(v.dtype), v,
+                                                 preferred_element_type=jnp.float32)
+            return m_new, l_new, acc_new
+
+        init = (jnp.full((tile_q, 1), -jnp.inf, jnp.float32), jnp.zeros((tile_q, 1), jnp.float32),
+                jnp.zeros((tile_q, head_dim), jnp.float32))
+        _, l, acc = lax.fori_loop(0, n_chunks, chunk, init)
+        o_ref[rows, :] = (acc / l).astype(o_ref.dtype)
+        return 0
+
+    lax.fori_loop(0, q_ref.shape[0] // tile_q, q_tile, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("tile_q", "block_q", "q_blocks", "block_k"))
+def _mqa(q, k, v, *, tile_q, block_q, q_blocks, block_k):
     batch, heads, seq, head_dim = q.shape
     rows = heads * seq
-    rows_pad = _round_up(rows, block_q)
-    seq_pad = _round_up(seq, block_k)
+    kv_rows = _round_up(seq, block_k)  # the k/v block: whole chunks, overhanging the array
     q = q.reshape(batch, rows, head_dim)  # head-major rows: row h * seq + i is query i of head h
     k, v = k.reshape(batch, seq, head_dim), v.reshape(batch, seq, head_dim)
-    if rows_pad != rows:
-        q = jnp.pad(q, ((0, 0), (0, rows_pad - rows), (0, 0)))
-    if seq_pad != seq:
-        k, v = (jnp.pad(x, ((0, 0), (0, seq_pad - seq), (0, 0))) for x in (k, v))
-    kernel_fn = functools.partial(mqa_kernel, scale=head_dim ** -0.5, seq_len=seq, block_k=block_k)
-    q_spec = pl.BlockSpec((pl.squeezed, block_q, head_dim), lambda b, i, j: (b, i, 0))
-    kv_spec = pl.BlockSpec((pl.squeezed, block_k, head_dim), lambda b, i, j: (b, j, 0))
+    kernel_fn = functools.partial(mqa_kernel, scale=head_dim ** -0.5, seq_len=seq,
+                                  tile_q=tile_q, block_k=block_k)
+    q_spec = pl.BlockSpec((pl.squeezed, block_q, head_dim), lambda b, i: (b, i, 0))
+    kv_spec = pl.BlockSpec((pl.squeezed, kv_rows, head_dim),
+                           lambda b, i: (b, 0, 0))  # the batch row's keys, fetched once
+    itemsize = q.dtype.itemsize
+    vmem = (4 * (block_q + kv_rows) * head_dim * itemsize  # q, o, k, v, double-buffered
+            + 8 * tile_q * block_k * 4 + 8 * _MiB)         # logits tiles and headroom
     out = pl.pallas_call(
         kernel_fn,
-        grid=(batch, rows_pad // block_q, seq_pad // block_k),
+        grid=(batch, q_blocks),
         in_specs=[q_spec, kv_spec, kv_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_shapes=[
-            pltpu.VMEM((block_q, 1), jnp.float32),         # m: running row max
-            pltpu.VMEM((block_q, 1), jnp.float32),         # l: running row sum
-            pltpu.VMEM((block_q, head_dim), jnp.float32),  # acc: unnormalised output
-        ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel"),
+            vmem_limit_bytes=int(min(vmem, 100 * _MiB))),
     )(q, k, v)
-    return out[:, :rows, :].reshape(batch, heads, seq, head_dim)
+    return out.reshape(batch, heads, seq, head_dim)
 
 
 def kernel(q, k, v):
@@ -96,7 +128,6 @@ def kernel(q, k, v):
         raise ValueError(f"expected q [batch, heads, seq, head_dim] and k, v [batch, 1, seq, "
                          f"head_dim], got {q.shape=} {k.shape=} {v.shape=}")
     batch, heads, seq, head_dim = q.shape
-    sublane = 8 * max(1, 4 // jnp.dtype(q.dtype).itemsize)  # 8 rows for f32, 16 for bf16
-    block_q = min(512, _round_up(heads * seq, sublane))
-    block_k = 512 if seq >= 1024 else 128
-    return _mqa(q, k, v, block_q=block_q, block_k=block_k)
+    tile_q, block_q, q_blocks = _q_blocking(heads * seq)
+    block_k = min(BLOCK_K, _round_up(seq, 128))
+    return _mqa(q, k, v, tile_q=tile_q, block_q=block_q, q_blocks=q_blocks, block_k=block_k)

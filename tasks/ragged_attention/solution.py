@@ -1,19 +1,32 @@
-"""Variable-length (ragged) flash attention with the lengths prefetched into SMEM.
+"""Variable-length (ragged) flash attention with the lengths prefetched into SMEM: a whole head
+per grid step, resident in VMEM, each query tile looping only over the real keys.
 
-Grid (batch, heads, q blocks, kv blocks), kv last and "arbitrary": the flash-attention forward
-online softmax (running row max m, row sum l and f32 accumulator in VMEM scratch). The lengths
-are scalar-prefetched, so both the kernel and the index maps know where row b's sequence ends:
+Grid (batch, heads, q blocks), all "parallel"; at the bench sizes a q block is the whole
+sequence, so the grid is one step per head. The k and v blocks are the head's whole
+[seq, head_dim] (their index map ignores the q-block axis) and q and o move in blocks of up to
+BLOCK_Q rows: every operand is read from (or written to) HBM exactly once, and the pipeline
+fetches the next head while this one computes. (The index maps take the prefetched lengths as
+arguments, so the static model cannot evaluate them and charges every block a fetch per grid
+step: one step per head keeps that charge at one read of each operand.)
 
-- kv blocks that start at or after lengths[b] hold only padding: the kernel skips them, and the
-  kv index map clamps them to the last block with a real key, so the pipeline sees an unchanged
-  block index and fetches nothing for them;
-- q blocks that start at or after lengths[b] are all padding rows: nothing is computed, the
-  output block is written as zeros, and the q and kv index maps stay on blocks already fetched;
-- only a kv block that straddles the length pays for the element-wise key mask; the q block
-  that straddles it zeroes its padded rows when it writes its output.
+The lengths are scalar-prefetched, so the kernel knows where row b's sequence ends. It loops
+over query tiles of TILE_Q rows:
+- a tile that starts at or after lengths[b] is all padding rows: it is written as zeros;
+- any other tile walks the keys in chunks of BLOCK_K rows with a fori_loop, carrying the
+  online-softmax state (running row max m, row sum l, f32 accumulator acc), and stops after the
+  last chunk that holds a real key (the bound comes from lengths[b], so the static model
+  charges the largest trip count, the full sequence); only the chunk that straddles the length
+  pays for the element-wise key mask (lax.cond), and rows past the length are zeroed when the
+  tile is written.
 
-A sequence that is not a multiple of the block is padded in the wrapper; the padded positions
-lie beyond every length, so the same masks hide them, and they are sliced off the output.
+BLOCK_Q = 4096 makes the grid one step per head up to seq 4096; TILE_Q = BLOCK_K = 512 gives
+[512, 512] f32 logits tiles (1 MiB). The resident blocks need 8 * seq * head_dim * itemsize
+bytes (q, k, v, o double-buffered), so vmem_limit_bytes is raised to fit.
+
+Nothing is padded in HBM: a sequence that is not a multiple of a tile ends inside the last q
+block and inside the k/v block (blocks may overhang the array; the pipeline copies only the
+rows that exist and drops overhanging output rows on write-back). Rows past the sequence lie
+beyond every length, so the same key mask hides them.
 """
 import functools
 
@@ -25,132 +38,120 @@ from jax.experimental.pallas import tpu as pltpu
 
 # Finite, so a masked logit gives exp(_MASK_VALUE - m) == 0 and never exp(-inf - -inf) == NaN.
 _MASK_VALUE = -1e30
+BLOCK_Q = 4096  # query rows per grid step (at most)
+TILE_Q = 512    # query rows per inner-loop tile
+BLOCK_K = 512   # keys per inner-loop chunk
+_MiB = 1 << 20
 
 
 def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-def _block_size(seq):
-    """Rows per q and kv block: 512 for long sequences (fewer steps, full MXU tiles), else 128."""
-    return 512 if seq >= 1024 else 128
+def _q_blocking(rows):
+    """(tile, block, blocks): tiles of TILE_Q rows (fewer for short inputs), grouped into
+    `blocks` equal grid blocks of at most BLOCK_Q rows that cover the rows with the least
+    overhang."""
+    tile = min(TILE_Q, _round_up(rows, 128))
+    tiles = pl.cdiv(rows, tile)
+    blocks = pl.cdiv(tiles, max(1, BLOCK_Q // tile))
+    return tile, pl.cdiv(tiles, blocks) * tile, blocks
 
 
-def _last_block(length, block):
-    """Index of the block holding position length - 1 (length >= 1). lax.div: no sign fix-up."""
-    return lax.div(length - 1, block)
+def ragged_attention_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *, scale, tile_q,
+                            block_k):
+    block_q, head_dim = q_ref.shape
+    length = lengths_ref[pl.program_id(0)]
+    n_chunks = lax.div(length + block_k - 1, block_k)  # chunks holding a real key
 
+    def q_tile(i, _):
+        rows = pl.ds(pl.multiple_of(i * tile_q, tile_q), tile_q)
+        q_start = pl.program_id(2) * block_q + i * tile_q
+        q_real = q_start < length  # the tile holds at least one real query
 
-def ragged_attention_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *,
-                            scale, block_q, block_k):
-    b = pl.program_id(0)
-    qi = pl.program_id(2)
-    kv = pl.program_id(3)
-    length = lengths_ref[b]
-    q_start = qi * block_q
-    k_start = kv * block_k
-    q_real = q_start < length  # this q block holds at least one real query
-
-    @pl.when(kv == 0)
-    def _init():
-        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
-        l_ref[...] = jnp.zeros_like(l_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    def _update(masked):
-        q = q_ref[...]  # [block_q, head_dim]
-        k = k_ref[...]  # [block_k, head_dim]
-        v = v_ref[...]  # [block_k, head_dim]
-        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32) * scale  # [block_q, block_k]
-        if masked:
-            key_pos = k_start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-            s = jnp.where(key_pos < length, s, _MASK_VALUE)
-        m_prev = m_ref[...]  # [block_q, 1]
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
-        p = jnp.exp(s - m_new)
-        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-            p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        m_ref[...] = m_new
-
-    k_real = k_start < length            # the kv block holds at least one real key
-    k_full = k_start + block_k <= length  # ... and no padding
-
-    @pl.when(q_real & k_real & k_full)
-    def _full_block():
-        _update(masked=False)
-
-    @pl.when(q_real & k_real & jnp.logical_not(k_full))
-    def _straddling_block():
-        _update(masked=True)
-
-    @pl.when(kv == pl.num_programs(3) - 1)
-    def _store():
         @pl.when(q_real)
-        def _real_rows():
-            # Key 0 is real for every row (length >= 1), so l > 0 here.
-            o = acc_ref[...] / l_ref[...]
+        def _attend():
+            q = q_ref[rows, :]  # [tile_q, head_dim]
+
+            def chunk(j, carry):
+                m_prev, l_prev, acc_prev = carry
+                start = pl.multiple_of(j * block_k, block_k)
+                k = k_ref[pl.ds(start, block_k), :]  # [block_k, head_dim]
+                v = v_ref[pl.ds(start, block_k), :]
+                s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32) * scale  # [tile_q, block_k]
+
+                def mask(s, v):
+                    # Hide the keys past the length and zero their values: past the array's
+                    # end the rows hold stale VMEM, and p = 0 times a stale NaN is still NaN.
+                    key_pos = start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+                    val_pos = start + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+                    return (jnp.where(key_pos < length, s, _MASK_VALUE),
+                            jnp.where(val_pos < length, v, 0))
+
+                s, v = lax.cond(start + block_k > length, mask, lambda s, v: (s, v), s, v)
+                m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
+                alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
+                p = jnp.exp(s - m_new)
+                l_new = alpha * l_prev + jnp.sum(p, axis=-1, keepdims=True)
+                acc_new = alpha * acc_prev + jnp.dot(p.astype(v.dtype), v,
+                                                     preferred_element_type=jnp.float32)
+                return m_new, l_new, acc_new
+
+            init = (jnp.full((tile_q, 1), -jnp.inf, jnp.float32),
+                    jnp.zeros((tile_q, 1), jnp.float32),
+                    jnp.zeros((tile_q, head_dim), jnp.float32))
+            _, l, acc = lax.fori_loop(0, n_chunks, chunk, init)
+            # Key 0 is real for every row (length >= 1), so l > 0.
+            o = acc / l
             row_pos = q_start + lax.broadcasted_iota(jnp.int32, o.shape, 0)
             o = jnp.where(row_pos < length, o, 0.0)  # rows past the length are padding
-            o_ref[...] = o.astype(o_ref.dtype)
+            o_ref[rows, :] = o.astype(o_ref.dtype)
 
         @pl.when(jnp.logical_not(q_real))
         def _padding_rows():
-            o_ref[...] = jnp.zeros_like(o_ref)
+            o_ref[rows, :] = jnp.zeros((tile_q, head_dim), o_ref.dtype)
+
+        return 0
+
+    lax.fori_loop(0, block_q // tile_q, q_tile, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("block",))
-def _ragged_attention(q, k, v, lengths, *, block):
+@functools.partial(jax.jit, static_argnames=("tile_q", "block_q", "q_blocks", "block_k"))
+def _ragged_attention(q, k, v, lengths, *, tile_q, block_q, q_blocks, block_k):
     batch, heads, seq, head_dim = q.shape
-    seq_pad = _round_up(seq, block)
-    if seq_pad != seq:
-        pad = ((0, 0), (0, 0), (0, seq_pad - seq), (0, 0))
-        q, k, v = (jnp.pad(x, pad) for x in (q, k, v))
-    num_blocks = seq_pad // block
-
-    def q_map(b, h, i, j, lengths_ref):
-        # Padding-only q blocks stay on the last real one: already fetched, never read.
-        return b, h, jnp.minimum(i, _last_block(lengths_ref[b], block)), 0
-
-    def kv_map(b, h, i, j, lengths_ref):
-        # Padding-only kv blocks (and every step of a padding-only q block) stay on the last
-        # kv block with a real key: an unchanged block index, so no new DMA.
-        last = _last_block(lengths_ref[b], block)
-        q_real = i * block < lengths_ref[b]
-        return b, h, jnp.where(q_real, jnp.minimum(j, last), last), 0
-
-    def o_map(b, h, i, j, lengths_ref):
-        return b, h, i, 0
-
-    block_shape = (pl.squeezed, pl.squeezed, block, head_dim)
+    kv_rows = _round_up(seq, block_k)  # the k/v block: whole chunks, overhanging the array
     kernel_fn = functools.partial(ragged_attention_kernel, scale=head_dim ** -0.5,
-                                  block_q=block, block_k=block)
+                                  tile_q=tile_q, block_k=block_k)
+    q_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, block_q, head_dim),
+                          lambda b, h, i, lengths_ref: (b, h, i, 0))
+    kv_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, kv_rows, head_dim),
+                           lambda b, h, i, lengths_ref: (b, h, 0, 0))  # whole head, fetched once
+    itemsize = q.dtype.itemsize
+    vmem = (4 * (block_q + kv_rows) * head_dim * itemsize  # q, o, k, v, double-buffered
+            + 8 * tile_q * block_k * 4 + 8 * _MiB)         # logits tiles and headroom
     out = pl.pallas_call(
         kernel_fn,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(batch, heads, num_blocks, num_blocks),
-            in_specs=[pl.BlockSpec(block_shape, q_map),
-                      pl.BlockSpec(block_shape, kv_map),
-                      pl.BlockSpec(block_shape, kv_map)],
-            out_specs=pl.BlockSpec(block_shape, o_map),
-            scratch_shapes=[
-                pltpu.VMEM((block, 1), jnp.float32),         # m: running row max
-                pltpu.VMEM((block, 1), jnp.float32),         # l: running row sum
-                pltpu.VMEM((block, head_dim), jnp.float32),  # acc: unnormalised output
-            ],
+            grid=(batch, heads, q_blocks),
+            in_specs=[q_spec, kv_spec, kv_spec],
+            out_specs=q_spec,
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            vmem_limit_bytes=int(min(vmem, 100 * _MiB))),
     )(lengths, q, k, v)
-    return out[:, :, :seq, :]
+    return out
 
 
 def kernel(q, k, v, lengths):
     if q.ndim != 4 or k.shape != q.shape or v.shape != q.shape or lengths.shape != q.shape[:1]:
         raise ValueError(f"expected q, k, v [batch, heads, seq, head_dim] and lengths [batch], "
                          f"got {q.shape=} {k.shape=} {v.shape=} {lengths.shape=}")
-    return _ragged_attention(q, k, v, lengths.astype(jnp.int32), block=_block_size(q.shape[2]))
+    seq = q.shape[2]
+    tile_q, block_q, q_blocks = _q_blocking(seq)
+    block_k = min(BLOCK_K, _round_up(seq, 128))
+    return _ragged_attention(q, k, v, lengths.astype(jnp.int32), tile_q=tile_q,
+                             block_q=block_q, q_blocks=q_blocks, block_k=block_k)
