@@ -152,7 +152,7 @@ def test_causal_tasks_need_only_half_the_reference_flops():
     reference = ReferenceCache().cost(task, case)
     triangular = TraceSummary([PallasCallInfo("flash", [1], [], [], 0, None, None, [],
                                               flops_per_step=0.45 * reference.flops)],
-                              OutsideCost(), [])
+                              Cost(), [])
     assert _missing_work(triangular, reference.flops * task.necessary_flops_share, case) is None
     assert _missing_work(triangular, reference.flops, case) is not None
     args, outs = list(task.arg_specs(case)), list(task.out_specs(case))
