@@ -12,3 +12,13 @@ def test_every_solution_is_correct_on_all_splits():
     assert not failed, "\n".join(failed)
     for task, verdict in zip(suite, verdicts):
         assert {c.name for c in verdict.cases} == {c.name for c in task.select("all", "check")}
+    # The solutions are the repair targets and the baseline a model's kernel should beat: under
+    # the static model on v5e at the train bench sizes (worst dtype), at least 36 of them within
+    # 2x of the ideal kernel and none above 3x (tasks/README.md, "Performance").
+    worst = {}
+    for task, verdict in zip(suite, verdicts):
+        train_bench = {c.name for c in task.select("train", "bench")}
+        worst[task.name] = max(e["slowdown_vs_ideal"] for name, e in verdict.details["perf_model"].items()
+                               if name in train_bench)
+    assert sum(s <= 2.0 for s in worst.values()) >= 36, worst
+    assert max(worst.values()) <= 3.0, worst

@@ -7,10 +7,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 # Block sizes (python -m evaluator tune searches these). Blocks never exceed the aligned dims,
-# so check-size grids stay small.
-BLOCK_M = 512
-BLOCK_N = 512
+# so check-size grids stay small. At 4096^3, 1024-wide tiles re-read x and y 4 times (288 MiB
+# moved where 192 MiB is the floor) in 64 grid steps; f32 needs 28 MiB of VMEM for them, over
+# v5e's default scoped 16 MiB, hence the raised limit.
+BLOCK_M = 1024
+BLOCK_N = 1024
 BLOCK_K = 1024
+VMEM_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 def _round_up(x, m):
@@ -55,7 +58,8 @@ def _matmul(x, y, *, bm, bn, bk):
         out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=VMEM_LIMIT_BYTES),
     )(xp, yp)
     return out[:m, :n]
 

@@ -5,6 +5,12 @@ whole rows up front: grid (M tiles, N tiles, D tiles), and each D step adds
 (x_tile * scale_tile) @ w_tile into an f32 VMEM accumulator and x_tile^2 into an f32 row sum of
 squares. After the last D step the accumulator is scaled by rsqrt(sum / D + eps) (the true D:
 padded columns are zero) and stored. The normalised activations never reach HBM.
+
+Block sizes are module-level knobs (python -m evaluator tune searches them). x is re-read once
+per N tile and w once per M tile, so the output tile is large (1024 x 2048: at the bench size
+x moves twice and w 8 times, under the compute time); a long D block keeps the grid short.
+Blocks never exceed the aligned dims, so check-size grids stay small; vmem_limit_bytes is
+raised to what the blocks need.
 """
 import functools
 
@@ -15,9 +21,28 @@ from jax.experimental.pallas import tpu as pltpu
 
 EPS = 1e-6
 
+# Block sizes (python -m evaluator tune searches these).
+BLOCK_M = 1024
+BLOCK_N = 2048
+BLOCK_K = 1024
+
+_MiB = 1024 * 1024
+
 
 def _round_up(x, m):
     return (x + m - 1) // m * m
+
+
+def _block(dim, preferred, align):
+    """The preferred block, or the whole (aligned) dim if that is smaller."""
+    return min(preferred, _round_up(dim, align))
+
+
+def _vmem_limit(bm, bn, bk, itemsize):
+    need = (2 * (bm * bk + bk * bn + bm * bn) * itemsize   # x, w, out blocks (double-buffered)
+            + 2 * bm * bn * 4                             # f32 accumulator and its update
+            + 2 * bm * bk * 4)                            # f32 x and scaled x
+    return min(100 * _MiB, max(32 * _MiB, need + need // 4 + 4 * _MiB))
 
 
 def rmsnorm_matmul_kernel(x_ref, scale_ref, w_ref, o_ref, acc_ref, ss_ref, *, d_true):
@@ -62,7 +87,8 @@ def _rmsnorm_matmul(x, scale, w, *, bm, bn, bk):
             pltpu.VMEM((bm, 1), jnp.float32),    # row sum of squares of x
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(bm, bn, bk, x.dtype.itemsize)),
     )(xp, sp, wp)
     return out[:m, :n]
 
@@ -73,7 +99,5 @@ def kernel(x, scale, w):
     if d != d2 or scale.shape != (d,):
         raise ValueError(f"shape mismatch: {x.shape=} {scale.shape=} {w.shape=}")
     sublane = 8 * max(1, 4 // jnp.dtype(x.dtype).itemsize)  # 8 rows for f32, 16 for bf16
-    bm = min(256, _round_up(m, sublane))
-    bn = min(512, _round_up(n, 128))
-    bk = min(512, _round_up(d, 128))
-    return _rmsnorm_matmul(x, scale, w, bm=bm, bn=bn, bk=bk)
+    return _rmsnorm_matmul(x, scale, w, bm=_block(m, BLOCK_M, sublane),
+                           bn=_block(n, BLOCK_N, 128), bk=_block(d, BLOCK_K, 128))

@@ -5,6 +5,12 @@ row max m and row sum l of exp(x - m) in f32 VMEM scratch, rescales the f32 accu
 exp(m_old - m_new) whenever the max grows, and adds exp(x - m_new) @ v_tile. After the last K
 tile it stores acc / l. The probabilities never reach HBM. Padded K columns (x padded with
 zeros) are masked out of the softmax.
+
+Block sizes are module-level knobs (python -m evaluator tune searches them). x is re-read once
+per N tile and v once per M tile, so a wide N block (all of N at the bench size: x is read
+once) and a tall M block keep the traffic near the ideal; a long K block keeps the grid short
+(each step costs a fixed overhead). Blocks never exceed the aligned dims, so check-size grids
+stay small; vmem_limit_bytes is raised to what the blocks need.
 """
 import functools
 
@@ -16,9 +22,28 @@ from jax.experimental.pallas import tpu as pltpu
 
 _MASK_VALUE = -1e30  # finite: exp(_MASK_VALUE - m) == 0, never NaN
 
+# Block sizes (python -m evaluator tune searches these).
+BLOCK_M = 1024
+BLOCK_N = 2048
+BLOCK_K = 1024
+
+_MiB = 1024 * 1024
+
 
 def _round_up(x, m):
     return (x + m - 1) // m * m
+
+
+def _block(dim, preferred, align):
+    """The preferred block, or the whole (aligned) dim if that is smaller."""
+    return min(preferred, _round_up(dim, align))
+
+
+def _vmem_limit(bm, bn, bk, itemsize):
+    need = (2 * (bm * bk + bk * bn + bm * bn) * itemsize   # x, v, out blocks (double-buffered)
+            + 2 * bm * bn * 4                             # f32 accumulator and its update
+            + 3 * bm * bk * 4)                            # f32 logits and probabilities
+    return min(100 * _MiB, max(32 * _MiB, need + need // 4 + 4 * _MiB))
 
 
 def softmax_matmul_kernel(x_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, k_true, block_k):
@@ -70,7 +95,8 @@ def _softmax_matmul(x, v, *, bm, bn, bk):
             pltpu.VMEM((bm, bn), jnp.float32),   # acc: unnormalised output
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(bm, bn, bk, x.dtype.itemsize)),
     )(xp, vp)
     return out[:m, :n]
 
@@ -81,7 +107,5 @@ def kernel(x, v):
     if k != k2:
         raise ValueError(f"inner dims differ: {x.shape=} {v.shape=}")
     sublane = 8 * max(1, 4 // jnp.dtype(x.dtype).itemsize)  # 8 rows for f32, 16 for bf16
-    bm = min(256, _round_up(m, sublane))
-    bn = min(512, _round_up(n, 128))
-    bk = min(512, _round_up(k, 128))
-    return _softmax_matmul(x, v, bm=bm, bn=bn, bk=bk)
+    return _softmax_matmul(x, v, bm=_block(m, BLOCK_M, sublane), bn=_block(n, BLOCK_N, 128),
+                           bk=_block(k, BLOCK_K, 128))

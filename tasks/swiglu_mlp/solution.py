@@ -23,8 +23,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 # Block sizes (python -m evaluator tune searches these); capped at the aligned dims.
-BLOCK_M = 512
-BLOCK_F = 256
+BLOCK_M = 1024
+BLOCK_F = 512
 
 _MiB = 1024 * 1024
 

@@ -12,13 +12,20 @@ Three pallas_calls:
    dh @ w1[:, f]^T into a float32 du accumulator in VMEM. At the last hidden step it finishes
    the rms-norm backward (which needs whole rows) into dx, and writes the tile's partial dg.
 2. and 3. dw1 = u^T @ dh and dw2 = a^T @ dy: a tiled matmul that contracts the row axis of both
-   operands (transposed-lhs on the MXU), float32 accumulator over row blocks.
+   operands (transposed-lhs on the MXU), float32 accumulator over row blocks (the output
+   block itself when the weights are float32).
 The per-tile dg partials ([row tiles, D], tiny) are summed in the wrapper.
 
 Padding: D to a multiple of 128 (means divide by the true D; padded g, w1 rows, w2 columns and
 dy columns are zero), F to the hidden block (padded w1 columns and w2 rows are zero, so a = 0
 and dh = 0 there), M to the row block (padded rows have x = 0 and dy = 0, so they add nothing to
 any weight gradient). Float32 operands use full-precision matmuls.
+
+Block sizes are module-level knobs (python -m evaluator tune searches them). The row kernel
+streams w1 and w2 once per row tile, so its row block is tall (BLOCK_M = 512: 8 weight passes
+at the bench size, under its compute time); the weight-gradient matmuls use large output tiles
+(BLOCK_W: at the bench size each operand moves at most 4 times). vmem_limit_bytes is raised
+to twice the blocks' bytes: libtpu's float32 temporaries need about as much again.
 """
 import functools
 import math
@@ -32,7 +39,14 @@ from jax.experimental.pallas import tpu as pltpu
 EPS = 1e-6
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
-_VMEM_BUDGET = 10 * 1024 * 1024  # pipelined blocks + scratch; v5e's scoped VMEM is 16 MiB
+
+# Block sizes (python -m evaluator tune searches these).
+BLOCK_M = 512   # rows per step of the row kernel
+BLOCK_F = 512   # hidden units per step of the row kernel
+BLOCK_W = 2048  # output tile (both dims, at most) of the weight-gradient matmuls
+BLOCK_R = 512   # rows contracted per step of the weight-gradient matmuls
+
+_MiB = 1024 * 1024
 _NN = (((1,), (0,)), ((), ()))   # a @ b
 _NT = (((1,), (1,)), ((), ()))   # a @ b^T
 _TN = (((0,), (0,)), ((), ()))   # a^T @ b
@@ -40,6 +54,12 @@ _TN = (((0,), (0,)), ((), ()))   # a^T @ b
 
 def _round_up(x, m):
     return (x + m - 1) // m * m
+
+
+def _limit(need):
+    """vmem_limit_bytes for blocks and scratch of `need` bytes, with as much again for the
+    float32 temporaries (libtpu needs ~4 [bm, D] ones in the row kernel)."""
+    return min(100 * _MiB, max(32 * _MiB, 2 * need))
 
 
 def _dot(a, b, dims):
@@ -84,7 +104,8 @@ def rows_kernel(x_ref, g_ref, w1_ref, w2_ref, dy_ref,
         dg_ref[...] = jnp.sum(du * xn, axis=0, keepdims=True)  # this tile's share of dg
 
 
-def tn_matmul_kernel(lhs_ref, rhs_ref, o_ref, acc_ref):
+def tn_matmul_kernel(lhs_ref, rhs_ref, o_ref, *scratch):
+    acc_ref = scratch[0] if scratch else o_ref  # float32 output: accumulate in place
     k = pl.program_id(2)
 
     @pl.when(k == 0)
@@ -93,24 +114,30 @@ def tn_matmul_kernel(lhs_ref, rhs_ref, o_ref, acc_ref):
 
     acc_ref[...] += _dot(lhs_ref[...], rhs_ref[...], _TN)
 
-    @pl.when(k == pl.num_programs(2) - 1)
-    def _store():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+    if scratch:
+        @pl.when(k == pl.num_programs(2) - 1)
+        def _store():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
-def _tile(n, candidates):
-    """n itself (a full-dim block) up to the largest candidate, else the largest divisor."""
-    if n <= candidates[0]:
+def _tile(n, preferred, align):
+    """n itself (a full-dim block) up to `preferred`, else the largest multiple of `align` at
+    most `preferred` that divides n (n is a multiple of `align`)."""
+    if n <= preferred:
         return n
-    return next((c for c in candidates if c <= n and n % c == 0), n)
+    return next(c for c in range(preferred - preferred % align, 0, -align) if n % c == 0)
 
 
 def _tn_matmul(lhs, rhs, out_dtype, sublane):
     """lhs[K, P]^T @ rhs[K, Q] -> [P, Q]; P and Q multiples of 128, K of the sublane tile."""
     k, p = lhs.shape
     q = rhs.shape[1]
-    bp, bq = _tile(p, (512, 256, 128)), _tile(q, (512, 256, 128))
-    bk = _tile(k, tuple(c for c in (512, 256, 128, 64, 32, 16, 8) if c % sublane == 0))
+    bp, bq = _tile(p, BLOCK_W, 128), _tile(q, BLOCK_W, 128)
+    bk = _tile(k, BLOCK_R, sublane)
+    itemsize = lhs.dtype.itemsize
+    separate_acc = jnp.dtype(out_dtype) != jnp.float32
+    need = (2 * (bk * bp + bk * bq + bp * bq) * itemsize   # lhs, rhs, out blocks
+            + (bp * bq * 4 if separate_acc else 0))       # f32 accumulator
     return pl.pallas_call(
         tn_matmul_kernel,
         grid=(p // bp, q // bq, k // bk),
@@ -118,29 +145,19 @@ def _tn_matmul(lhs, rhs, out_dtype, sublane):
                   pl.BlockSpec((bk, bq), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bp, bq), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((p, q), out_dtype),
-        scratch_shapes=[pltpu.VMEM((bp, bq), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((bp, bq), jnp.float32)] if separate_acc else [],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=_limit(need)),
     )(lhs, rhs)
 
 
-def _row_blocks(m, d_pad, f, itemsize, sublane):
-    """Largest row block, then hidden block, whose buffers fit the VMEM budget."""
-    m_cap, f_cap = _round_up(m, sublane), _round_up(f, 128)
-    for bm in (256, 128, 64, 32, 16, 8):
-        bm = min(bm, m_cap)
-        if bm % sublane:
-            continue
-        for bf in (256, 128):
-            bf = min(bf, f_cap)
-            need = (2 * 4 * bm * d_pad * itemsize      # x, dy in; u, dx out (double-buffered)
-                    + 2 * 2 * d_pad * bf * itemsize    # w1, w2 blocks
-                    + 2 * 2 * bm * bf * itemsize       # a, dh out
-                    + 2 * 8 * d_pad * 4                # dg partial (padded to 8 rows)
-                    + bm * d_pad * 4)                  # du accumulator
-            if need <= _VMEM_BUDGET:
-                return bm, bf
-    return sublane, 128
+def _rows_vmem(bm, bf, dp, itemsize):
+    return (2 * 4 * bm * dp * itemsize      # x, dy in; u, dx out (double-buffered)
+            + 2 * 2 * dp * bf * itemsize    # w1, w2 blocks
+            + 2 * 2 * bm * bf * itemsize    # a, dh out
+            + 2 * 8 * dp * 4                # dg partial (padded to 8 rows)
+            + bm * dp * 4)                  # du accumulator
 
 
 @functools.partial(jax.jit, static_argnames=("bm", "bf", "sublane"))
@@ -174,7 +191,9 @@ def _mlp_bwd(x, g, w1, w2, dy, *, bm, bf, sublane):
                    jax.ShapeDtypeStruct((mp, dp), dtype),          # dx
                    jax.ShapeDtypeStruct((n_rows, 1, dp), jnp.float32)],  # dg per row tile
         scratch_shapes=[pltpu.VMEM((bm, dp), jnp.float32)],        # du accumulator
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            vmem_limit_bytes=_limit(_rows_vmem(bm, bf, dp, jnp.dtype(dtype).itemsize))),
     )(x_p, g_p, w1_p, w2_p, dy_p)
 
     dw1 = _tn_matmul(u, dh, w1.dtype, sublane)    # [dp, fp]
@@ -191,5 +210,6 @@ def kernel(x, g, w1, w2, dy):
                          f"{dy.shape=}")
     itemsize = jnp.dtype(x.dtype).itemsize
     sublane = 8 * max(1, 4 // itemsize)  # 8 rows for f32, 16 for bf16
-    bm, bf = _row_blocks(m, _round_up(d, 128), f, itemsize, sublane)
+    bm = min(BLOCK_M, _round_up(m, sublane))
+    bf = min(BLOCK_F, _round_up(f, 128))
     return _mlp_bwd(x, g, w1, w2, dy, bm=bm, bf=bf, sublane=sublane)
