@@ -7,11 +7,14 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import threading
 from pathlib import Path
 
 from tasks.spec import ArgSpec, Case, Task, Tolerance  # noqa: F401  (re-exported contract)
 
 _REGISTRY: dict[str, Task] = {}
+_DISCOVERY = threading.Lock()  # graders look tasks up from several threads at once
+_discovered = threading.Event()
 
 
 class UnknownTaskError(KeyError):
@@ -29,6 +32,16 @@ def register(task: Task) -> Task:
 
 
 def _discover() -> None:
+    """Import every task folder once; a caller never sees a half-filled registry."""
+    if _discovered.is_set():
+        return
+    with _DISCOVERY:
+        if not _discovered.is_set():
+            _import_task_folders()
+            _discovered.set()
+
+
+def _import_task_folders() -> None:
     root = Path(__file__).parent
     for info in sorted(pkgutil.iter_modules([str(root)]), key=lambda m: m.name):
         if not info.ispkg or not (root / info.name / "task.py").is_file():
@@ -38,14 +51,12 @@ def _discover() -> None:
 
 
 def all_tasks() -> list[Task]:
-    if not _REGISTRY:
-        _discover()
+    _discover()
     return sorted(_REGISTRY.values(), key=lambda t: (t.level, t.name))
 
 
 def get_task(name: str) -> Task:
-    if not _REGISTRY:
-        _discover()
+    _discover()
     try:
         return _REGISTRY[name]
     except KeyError:
