@@ -180,6 +180,13 @@ class Task:
     def solution_source(self) -> str:
         return self.solution_path.read_text()
 
+    def is_ragged(self, case: Case) -> bool:
+        """Whether the case's main operand or output is off the TPU's (8, 128) tile: a last dim
+        not a multiple of 128 or a second-to-last not a multiple of 8. Such cases are the ones
+        where grid rounding, edge masks and padding decide correctness."""
+        arrays = (self.arg_specs(case)[0].shape, self.out_specs(case)[0].shape)
+        return any((s[-1] % 128 != 0) or (len(s) >= 2 and s[-2] % 8 != 0) for s in arrays if s)
+
     @property
     def dtypes(self) -> list[str]:
         return sorted({c.dtype for c in self.cases})

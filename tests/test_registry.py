@@ -1,3 +1,6 @@
+import hashlib
+import json
+
 import pytest
 
 import tasks
@@ -38,6 +41,48 @@ def test_task_contract(task):
     size = lambda c: max(max(s.shape) for s in task.arg_specs(c))
     assert min(size(c) for c in task.select("all", "bench")) > max(size(c) for c in task.select("all", "check"))
     assert task.solution_path.is_file()
+
+
+# The held-out cases, frozen: training data and tuning never move them. A deliberate change to a
+# held-out case updates this digest in the same commit.
+HELDOUT_DIGEST = "ae9ca5e0dfd37df6"
+
+
+def test_heldout_cases_are_unchanged():
+    rows = sorted(json.dumps([t.name, c.to_dict()], sort_keys=True)
+                  for t in tasks.all_tasks() for c in t.select("heldout"))
+    assert hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16] == HELDOUT_DIGEST
+
+
+def test_train_cases_teach_ragged_edges():
+    """Edge bugs (floor-division grids, dropped masks) must fail on train shapes, or the repair
+    data can never teach what the held-out shapes test."""
+    cases = [(t, c) for t in tasks.all_tasks() for c in t.select("train", "check")]
+    ragged = [(t, c) for t, c in cases if t.is_ragged(c)]
+    assert len(ragged) >= 0.4 * len(cases)
+    # every task whose held-out cases are ragged has ragged train cases of its own (paged
+    # attention's raggedness is in its sequence lengths, which every case draws at random)
+    for task in tasks.all_tasks():
+        if task.name != "paged_attention" and any(task.is_ragged(c) for c in task.select("heldout", "check")):
+            assert any(task.is_ragged(c) for c in task.select("train", "check")), task.name
+
+
+@pytest.mark.parametrize("task", tasks.all_tasks(), ids=lambda t: t.name)
+def test_ragged_train_sizes_are_not_heldout_sizes(task):
+    """A ragged train size never takes a value a held-out case of the task has for that dim
+    (counts under 8, such as batch or heads, are not sizes on a tile)."""
+    heldout = {(k, v) for c in task.select("heldout") for k, v in c.dims.items()}
+    for case in task.select("train", "check"):
+        odd = {(k, v) for k, v in case.dims.items() if v % 8 and v > 8}
+        assert not odd & heldout, (case.name, odd & heldout)
+
+
+def test_is_ragged_reads_the_tile():
+    softmax = tasks.get_task("softmax")
+    make = lambda **dims: Case("c", "train", "check", dims, "float32")
+    assert not softmax.is_ragged(make(rows=1024, d=256))
+    assert softmax.is_ragged(make(rows=1024, d=200))      # lanes off the 128 tile
+    assert softmax.is_ragged(make(rows=1020, d=256))      # rows off the 8-row tile
 
 
 def test_case_validates_its_split():

@@ -39,7 +39,7 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 # Check sizes keep every TPU-interpret grid at <= 16 steps with 128-row blocks.
 CASES = (
-    case_grid("train", "check", [dict(b=2, h=2, s=256, d=128), dict(b=1, h=4, s=128, d=128)], _DTYPES)
+    case_grid("train", "check", [dict(b=2, h=2, s=256, d=128), dict(b=1, h=2, s=300, d=128)], _DTYPES)
     # Held-out shapes differ in kind: a sequence that is not a multiple of 128 (padding and
     # masking of padded keys), head_dim 64, batch 1.
     + case_grid("heldout", "check", [dict(b=1, h=2, s=200, d=128), dict(b=1, h=3, s=256, d=64)],

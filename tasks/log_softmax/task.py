@@ -35,7 +35,7 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 CASES = (
     # 2-D [rows, d] and 3-D [b, s, d].
-    case_grid("train", "check", [dict(rows=512, d=512), dict(b=2, s=128, d=256)], _DTYPES)
+    case_grid("train", "check", [dict(rows=512, d=512), dict(rows=900, d=320)], _DTYPES)
     # Held-out shapes differ in kind: unaligned d and row counts, a ragged last row block
     # (700 rows in blocks of 512), a single row.
     + case_grid("heldout", "check",

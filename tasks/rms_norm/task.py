@@ -35,7 +35,7 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 CASES = (
     # 2-D [rows, d] and 3-D [b, s, d]; the first spans several row blocks.
-    case_grid("train", "check", [dict(rows=1024, d=256), dict(b=2, s=128, d=512)], _DTYPES)
+    case_grid("train", "check", [dict(rows=1024, d=256), dict(b=2, s=276, d=576)], _DTYPES)
     # Held-out shapes differ in kind: unaligned d and row counts, a ragged last row block,
     # a single row.
     + case_grid("heldout", "check",

@@ -34,7 +34,7 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 
 CASES = (
-    case_grid("train", "check", [dict(rows=256, d=1024), dict(b=2, s=32, d=512)], _DTYPES)
+    case_grid("train", "check", [dict(rows=256, d=1024), dict(b=3, s=20, d=700)], _DTYPES)
     # Held-out: unaligned row counts and widths, a single row, a wide row.
     + case_grid("heldout", "check", [dict(rows=37, d=1000), dict(b=1, s=1, d=3000)], _DTYPES)
     + case_grid("train", "bench", [dict(rows=8192, d=4096)], _DTYPES)

@@ -50,7 +50,7 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 
 # Check sizes: 1-4 row tiles x 2-4 hidden tiles; bench sizes: a 2048-wide layer, F = 4 D.
-TRAIN_CHECK = [dict(M=512, D=256, F=512), dict(M=256, D=384, F=1024)]
+TRAIN_CHECK = [dict(M=512, D=256, F=512), dict(M=140, D=320, F=448)]
 # Held-out shapes differ in kind: M, D and F not multiples of 8 or 128, a single row.
 HELDOUT_CHECK = [dict(M=100, D=200, F=300), dict(M=1, D=512, F=768)]
 TRAIN_BENCH = [dict(M=4096, D=2048, F=8192)]
