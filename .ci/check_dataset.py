@@ -1,6 +1,7 @@
-"""Check what the README's main command built: rows, error classes, card and figure.
+"""Check what the README's main command built: rows, error classes, repair diversity, card and figure.
 
     python .ci/check_dataset.py datasets/fixit-mutation [--min-rows 300] [--min-classes 10]
+                                [--min-repairs 150] [--max-per-repair 3]
 
 Run by .ci/run after it deleted the committed copy, so only a dataset built in this run can pass.
 """
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from data_gen.fingerprint import fingerprint
 
-def check(folder: Path, min_rows: int, min_classes: int) -> list[str]:
+
+def check(folder: Path, min_rows: int, min_classes: int, min_repairs: int, max_per_repair: int) -> list[str]:
     """Problems found; empty when the dataset is whole."""
     problems = []
     for name in ("README.md", "error_classes.png"):
@@ -30,6 +33,12 @@ def check(folder: Path, min_rows: int, min_classes: int) -> list[str]:
         problems.append(f"{len(rows)} rows, expected at least {min_rows}")
     if len(classes) < min_classes:
         problems.append(f"{len(classes)} error classes, expected at least {min_classes}")
+    per_repair = (rows["task"] + ":" + rows["repair_code"].map(fingerprint)).value_counts()
+    print(f"{len(per_repair)} distinct repair kernels, at most {per_repair.max()} pairs each")
+    if len(per_repair) < min_repairs:
+        problems.append(f"{len(per_repair)} distinct repair kernels, expected at least {min_repairs}")
+    if per_repair.max() > max_per_repair:
+        problems.append(f"a repair kernel is behind {per_repair.max()} pairs, expected at most {max_per_repair}")
     if rows["messages"].map(len).ne(5).any():
         problems.append("some rows do not have five messages")
     return problems
@@ -40,8 +49,10 @@ def main() -> int:
     p.add_argument("folder", type=Path)
     p.add_argument("--min-rows", type=int, default=300)
     p.add_argument("--min-classes", type=int, default=10)
+    p.add_argument("--min-repairs", type=int, default=150)
+    p.add_argument("--max-per-repair", type=int, default=3)
     args = p.parse_args()
-    problems = check(args.folder, args.min_rows, args.min_classes)
+    problems = check(args.folder, args.min_rows, args.min_classes, args.min_repairs, args.max_per_repair)
     for problem in problems:
         print(f"check_dataset: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -21,23 +21,26 @@ from typing import Any
 
 from chat.context import CONTEXTS
 from chat.models import EndpointError, make_chat_model
-from data_gen.dataset import ContaminationError, balance, dedupe, write_dataset
+from data_gen.dataset import ContaminationError, balance, cap_per_repair, dedupe, write_dataset
 from data_gen.journal import Journal, JournalMismatch
 from data_gen.mutations import OPERATOR_NAMES, operator
+from data_gen.pool import DEFAULT_POOL, PoolEntry, is_fresh, load_pool
 from data_gen.sources import (
     ModelSource,
     MutationSource,
     PromptSettings,
     ReplaySource,
     SeededGrading,
+    repair_key,
 )
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
 from tasks.spec import Task
 
-DEFAULT_MAX_PER_TASK = 11
+DEFAULT_MAX_PER_TASK = 12
 DEFAULT_BALANCE = 5
+DEFAULT_MAX_PER_REPAIR = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "seed confirms a failure; a repair must pass every case on each)")
     p.add_argument("--balance", type=int, default=DEFAULT_BALANCE,
                    help="cap on pairs per task x error class (0: no cap)")
+    p.add_argument("--max-per-repair", type=int, default=DEFAULT_MAX_PER_REPAIR,
+                   help="cap on pairs sharing one repair kernel, up to comments, layout and names (0: no cap)")
     p.add_argument("--validation-fraction", type=float, default=0.1,
                    help="share of tasks held for the validation split (whole tasks)")
     g = p.add_argument_group("mutation source")
@@ -65,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="only this bug operator (repeatable)")
     g.add_argument("--max-per-task", type=int, default=DEFAULT_MAX_PER_TASK,
                    help="mutants graded per task (0: all)")
+    g.add_argument("--pool", type=Path, default=DEFAULT_POOL,
+                   help="verified variant pool (python -m data_gen.pool); its correct kernels are the seeds "
+                        "of the mutants. Without one, each task's solution is the only seed")
     g = p.add_argument_group("model and replay sources")
     g.add_argument("--model", help="served model name (with --base-url) or a local HF model directory")
     g.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
@@ -103,14 +111,37 @@ def settings_of(args: argparse.Namespace, tasks: list[Task]) -> dict[str, Any]:
     keys += {"mutation": ["operators", "max_per_task"], "model": ["model", "teacher", "samples", "max_turns",
                                                                   "temperature"],
              "replay": ["replay", "teacher"]}[args.source]
+    if args.source == "mutation":
+        keys.append("pool")
     settings = {k: (str(v) if isinstance(v := getattr(args, k), Path) else v) for k in keys}
     settings["tasks"] = [t.name for t in tasks]
     return settings
 
 
-def make_source(args: argparse.Namespace, tasks: list[Task]):
+def pool_variants(entries: list[PoolEntry]) -> dict[str, list[tuple[str, str]]]:
+    """Each task's correct pool kernels as (name, source), the solution first."""
+    variants: dict[str, list[tuple[str, str]]] = {}
+    for entry in sorted(entries, key=lambda e: (e.task, e.name != "solution", e.name)):
+        if entry.ok:
+            variants.setdefault(entry.task, []).append((entry.name, entry.source))
+    return variants
+
+
+def fresh_pool_verdicts(entries: list[PoolEntry], backend: str) -> tuple[dict[str, Verdict], int]:
+    """Verdicts of the pool entries whose hash is current, keyed as repairs are; and how many
+    are stale (those are graded again before their first use)."""
+    fresh, stale = {}, 0
+    for entry in entries:
+        if entry.ok and is_fresh(entry, backend):
+            fresh[repair_key(entry.task, entry.source)] = Verdict.from_dict(entry.verdict)
+        elif entry.ok:
+            stale += 1
+    return fresh, stale
+
+
+def make_source(args: argparse.Namespace, tasks: list[Task], pool: list[PoolEntry]):
     if args.source == "mutation":
-        source = MutationSource(tasks, args.max_per_task, args.seed)
+        source = MutationSource(tasks, args.max_per_task, args.seed, variants=pool_variants(pool))
         if args.operators:
             source.operators = tuple(operator(n) for n in args.operators)
         return source
@@ -139,7 +170,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     console = Console(stderr=True)
     start = time.perf_counter()
     tasks = train_tasks(args.tasks)
-    source = make_source(args, tasks)
+    names = {t.name for t in tasks}
+    pool = [e for e in load_pool(args.pool) if e.task in names] if args.source == "mutation" else []
+    source = make_source(args, tasks, pool)
     run_dir = args.runs_dir / args.name
     if args.fresh and (run_dir / "journal.jsonl").exists():
         (run_dir / "journal.jsonl").unlink()
@@ -156,6 +189,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompt = PromptSettings(args.context, args.generation)
     threads = args.workers if args.source == "mutation" else max(args.workers, args.concurrency)
     with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True) as evaluator:
+        if args.source == "mutation":
+            fresh, stale = fresh_pool_verdicts(pool, evaluator.backend.name)
+            known = {**fresh, **known}
+            kernels = sum(len(source.kernels(t)) for t in tasks)
+            console.print(f"seeds: {kernels} correct kernels ({len(fresh)} verified in {args.pool}"
+                          + (f"; {stale} stale entries are graded again before use" if stale else "")
+                          + ("" if pool else "; no pool, so each task's solution only") + ")")
         grader = SeededGrading(evaluator, args.seed, known, on_new_repair=lambda key, v: journal.append(
             {"kind": "repair", "id": f"repair:{key}", "key": key, "verdict": v.to_dict()}))
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -179,13 +219,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     attempts = [e for e in journal.entries if e.get("kind") == "attempt" and e["id"] in item_ids]
     pairs = [e["pair"] for e in attempts if e["pair"]]
     unique = dedupe(pairs)
-    rows = balance(unique, args.balance)
+    rows = balance(cap_per_repair(unique, args.max_per_repair), args.balance)
     summary = write_dataset(rows, args.out_dir / args.name, args.name, args.validation_fraction,
                             description=_description(args))
     elapsed = time.perf_counter() - start
     report = {"attempts": len(attempts), "verified_pairs": len(pairs), "unique": len(unique), "kept": len(rows),
               "splits": summary.splits, "error_classes": dict(summary.by_error_class),
-              "tasks": len(summary.by_task), "dropped": dict(Counter(e["dropped"].split(":")[0]
+              "tasks": len(summary.by_task), "distinct_repairs": summary.diversity.distinct_repairs,
+              "max_pairs_per_repair": summary.diversity.max_pairs_per_repair, "dropped": dict(Counter(e["dropped"].split(":")[0]
                                                                      for e in attempts if e["dropped"])),
               "graded_this_run": len(todo), "seconds": elapsed, "path": str(summary.path)}
     _print_summary(console, report, attempts, summary)
@@ -212,15 +253,17 @@ def _print_summary(console: Any, report: dict[str, Any], attempts: list[dict], s
     table.add_column("error class")
     table.add_column("failing attempts", justify="right")
     table.add_column("pairs kept", justify="right")
-    failing = Counter(e["status"] for e in attempts if e["status"] and e["status"] != "correct")
+    failing = Counter(e["status"] for e in attempts if e["status"] not in (None, "correct", "pending"))
     for status, n in failing.most_common():
         table.add_row(status, str(n), str(summary.by_error_class.get(status, 0)))
     table.add_row("[bold]total", str(sum(failing.values())), f"[bold]{report['kept']}")
     console.print(table)
     dropped = ", ".join(f"{k}: {v}" for k, v in report["dropped"].items()) or "none"
     console.print(f"{report['attempts']} attempts -> {report['verified_pairs']} verified pairs -> "
-                  f"{report['unique']} unique -> {report['kept']} kept after balancing "
-                  f"({report['splits']}); {report['tasks']} tasks, {len(summary.by_error_class)} error classes. "
+                  f"{report['unique']} unique -> {report['kept']} kept after the caps "
+                  f"({report['splits']}); {report['tasks']} tasks, {len(summary.by_error_class)} error classes, "
+                  f"{report['distinct_repairs']} distinct repairs (at most {report['max_pairs_per_repair']} "
+                  f"pairs each). "
                   f"Dropped: {dropped}. {report['seconds']:.0f} s.")
 
 

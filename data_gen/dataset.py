@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from chat.prompts import describe_case
-from data_gen.pairs import normalized
+from data_gen.fingerprint import fingerprint
 from tasks import get_task
 from tasks.spec import Task
 
@@ -54,30 +54,40 @@ def _heldout_task_names() -> list[str]:
 
 
 def dedupe(rows: Iterable[dict]) -> list[dict]:
-    """Keep the first row of each (task, failing kernel, repair) up to comments and layout."""
+    """Keep the first row of each (task, failing kernel, context): kernels equal up to comments,
+    layout and identifier names (`fingerprint`) are one failing kernel, whatever their repair."""
     seen, out = set(), []
     for row in rows:
-        key = (row["task"], normalized(row["failing_code"]), normalized(row["repair_code"]), row["context"])
+        key = (row["task"], fingerprint(row["failing_code"]), row["context"])
         if key not in seen:
             seen.add(key)
             out.append(row)
     return out
 
 
+def cap_per_repair(rows: list[dict], cap: int) -> list[dict]:
+    """At most `cap` rows per repair kernel (by `fingerprint`), chosen round-robin over error
+    classes: without a cap, one repair behind many pairs is what a model learns by heart.
+    cap <= 0 keeps everything."""
+    return _capped(rows, cap, lambda r: (r["task"], fingerprint(r["repair_code"])), lambda r: r["error_class"])
+
+
 def balance(rows: list[dict], cap: int) -> list[dict]:
     """At most `cap` rows per (task, error class), chosen round-robin over origins (bug operators
     or models) so a capped cell keeps its variety. cap <= 0 keeps everything."""
+    return _capped(rows, cap, lambda r: (r["task"], r["error_class"]), lambda r: r["origin"])
+
+
+def _capped(rows: list[dict], cap: int, group: Callable[[dict], Hashable],
+            spread: Callable[[dict], Hashable]) -> list[dict]:
+    """At most `cap` rows per group, taken round-robin over the values of `spread` within the
+    group; the rows keep their order."""
     if cap <= 0:
         return rows
-    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    groups: dict[Hashable, dict[Hashable, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
-        cells[(row["task"], row["error_class"])].append(row)
-    kept = []
-    for cell in cells.values():
-        by_origin: dict[str, list[dict]] = defaultdict(list)
-        for row in cell:
-            by_origin[row["origin"]].append(row)
-        kept.extend(round_robin(list(by_origin.values()), cap))
+        groups[group(row)][spread(row)].append(row)
+    kept = [r for queues in groups.values() for r in round_robin(list(queues.values()), cap)]
     order = {id(r): i for i, r in enumerate(rows)}
     return sorted(kept, key=lambda r: order[id(r)])
 
@@ -103,6 +113,36 @@ def validation_tasks(tasks: list[str], fraction: float) -> set[str]:
 
 
 @dataclass
+class Diversity:
+    """How many different kernels a dataset teaches (kernels counted by `fingerprint`)."""
+
+    pairs: int
+    distinct_repairs: int
+    distinct_failing: int
+    max_pairs_per_repair: int
+    mean_pairs_per_repair: float
+    repairs_per_task: dict[str, int]
+
+    @classmethod
+    def of(cls, rows: list[dict]) -> "Diversity":
+        per_repair = Counter((r["task"], fingerprint(r["repair_code"])) for r in rows)
+        failing = {(r["task"], fingerprint(r["failing_code"])) for r in rows}
+        per_task = Counter(task for task, _ in per_repair)
+        return cls(len(rows), len(per_repair), len(failing), max(per_repair.values(), default=0),
+                   round(len(rows) / max(1, len(per_repair)), 2), dict(sorted(per_task.items())))
+
+    def table(self) -> str:
+        return "\n".join([
+            "| measure | value |", "|---|---:|",
+            f"| pairs | {self.pairs} |",
+            f"| distinct repair kernels | {self.distinct_repairs} |",
+            f"| pairs per repair kernel (max / mean) | {self.max_pairs_per_repair} / {self.mean_pairs_per_repair} |",
+            f"| distinct failing kernels | {self.distinct_failing} |",
+            f"| tasks | {len(self.repairs_per_task)} |",
+        ])
+
+
+@dataclass
 class DatasetSummary:
     path: Path
     splits: dict[str, int]
@@ -110,6 +150,7 @@ class DatasetSummary:
     by_error_class: Counter
     by_source: Counter
     by_origin: Counter
+    diversity: Diversity
 
 
 def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fraction: float,
@@ -133,7 +174,7 @@ def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fractio
     summary = DatasetSummary(
         out_dir, {s: len(r) for s, r in splits.items()}, Counter(r["task"] for r in rows),
         Counter(r["error_class"] for r in rows), Counter(r["source"] for r in rows),
-        Counter(r["origin"] for r in rows))
+        Counter(r["origin"] for r in rows), Diversity.of(rows))
     _plot_error_classes(summary, out_dir / "error_classes.png")
     (out_dir / "README.md").write_text(dataset_card(summary, name, description, sorted(val)))
     return summary
@@ -160,6 +201,13 @@ def _plot_error_classes(summary: DatasetSummary, path: Path) -> None:
 def _table(counter: Counter, header: str) -> str:
     lines = [f"| {header} | pairs |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return "\n".join(lines)
+
+
+def _task_table(summary: DatasetSummary) -> str:
+    lines = ["| task | pairs | distinct repair kernels |", "|---|---:|---:|"]
+    lines += [f"| {task} | {n} | {summary.diversity.repairs_per_task.get(task, 0)} |"
+              for task, n in sorted(summary.by_task.items(), key=lambda kv: (-kv[1], kv[0]))]
     return "\n".join(lines)
 
 
@@ -193,7 +241,8 @@ the repaired kernel passes every train case under `tpu-interpret` and lowers for
 - {total} pairs: {', '.join(f'{n} {s}' for s, n in summary.splits.items())}.
 - Validation holds whole tasks that train does not have: {', '.join(val_tasks) or 'none'}.
 - Decontaminated: no held-out task and no held-out case appears in any row (checked on write).
-- Deduplicated on normalized source; capped per task x error class.
+- Deduplicated on the failing kernel; capped per repair kernel and per task x error class.
+  Kernels are compared after normalising comments, docstrings, whitespace and identifier names.
 
 Columns: `id`, `attempt_id`, `task`, `task_version`, `level`, `case_split`, `error_class` (the failing
 kernel's verdict status), `failing_stage`, `source` (mutation / model / replay), `origin` (bug operator
@@ -204,6 +253,10 @@ or model), `context` (hardware context in the system prompt), `messages`, `faili
 import datasets
 ds = datasets.load_dataset("datasets/{name}")
 ```
+
+## Diversity
+
+{summary.diversity.table()}
 
 ## Error classes
 
@@ -221,7 +274,7 @@ ds = datasets.load_dataset("datasets/{name}")
 
 ## Tasks
 
-{_table(summary.by_task, "task")}
+{_task_table(summary)}
 
 Made by `python -m data_gen.collect` (see docs/data-generation.md).
 """

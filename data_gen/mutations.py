@@ -1,10 +1,11 @@
-"""Bug operators: inject the mistakes models really make in Pallas TPU kernels into a verified solution.
+"""Bug operators: inject the mistakes models really make in Pallas TPU kernels into a verified kernel.
 
-Each operator finds its sites on the AST of a task's solution and rewrites only that node's source
-span, so the rest of the file (comments included) is untouched and the repair is the original. An
-operator only proposes a bug; the evaluator decides whether the mutant really fails, and a mutant
-that still passes is dropped. Every site carries `facts` (the function, the line, the code before
-and after) that the explanation quotes, so no two explanations are the same boilerplate.
+The kernels are a task's solution and its verified variants (data_gen/pool.py). Each operator
+finds its sites on the kernel's AST and rewrites only that node's source span, so the rest of the
+file (comments included) is untouched and the repair is the original kernel. An operator only
+proposes a bug; the evaluator decides whether the mutant really fails, and a mutant that still
+passes is dropped. Every site carries `facts` (the function, the line, the code before and after)
+that the explanation quotes, so no two explanations are the same boilerplate.
 
 The list of operators is `OPERATORS` at the bottom; docs/data-generation.md has the table.
 """
@@ -42,14 +43,18 @@ class Site:
 class Mutant:
     task: str
     operator: str
-    site: int  # index among the operator's sites in this solution
+    site: int  # index among the operator's sites in the kernel it was made from
     source: str
     line: int
     facts: dict[str, str]
+    variant: str = "solution"  # the correct kernel it was made from (a variant pool entry)
+    variant_key: str = ""      # that kernel's fingerprint, so ids change when the kernel does
 
     @property
     def id(self) -> str:
-        return f"{self.task}:{self.operator}:{self.site}"
+        if self.variant == "solution" and not self.variant_key:
+            return f"{self.task}:{self.operator}:{self.site}"
+        return f"{self.task}:{self.variant}@{self.variant_key[:8]}:{self.operator}:{self.site}"
 
     def answer(self) -> str:
         """The mutant as a model's answer: a fenced block, left open if the answer was cut off."""
@@ -194,10 +199,14 @@ class BugOperator:
     find: Callable[[SourceModule], list[Site]]
     what: str
     why_fix: str
-    # Order in which a task's budget is spent: 0 for bugs only a few kernels can have (manual DMA,
-    # required features), 2 for bugs the train shapes rarely expose (most such mutants still pass
-    # and only cost grading time), 1 for the rest.
+    # Order in which a task's budget is spent, lowest first: 0 for bugs only a few kernels can have
+    # (manual DMA, required features), 1 for the rest. (Edge bugs such as floor_grid were last
+    # while the train shapes were aligned and their mutants passed; ragged train cases expose them.)
     priority: int = 1
+    # The static stages (through lowering, the VMEM budget and the estimate) show this bug or
+    # nothing does: its mutants are graded through them only, and one that passes them is
+    # dropped as survived without running its cases (a survivor costs a full grading).
+    static: bool = False
 
 
 # --- site finders, one per operator --------------------------------------------------------------
@@ -522,7 +531,7 @@ OPERATORS: tuple[BugOperator, ...] = (
         "At line {line} (`{function}`) the block size {const} became {new}. {new} is neither a multiple "
         "of 128 lanes nor of 8 sublanes, and a block's last two dims must be (unless they span the "
         "whole array), so Mosaic cannot tile the block.",
-        "With {const} every block is a whole number of (8, 128) tiles again."),
+        "With {const} every block is a whole number of (8, 128) tiles again.", static=True),
     BugOperator(
         "vmem_overallocation", "blocks so large they exceed the scoped VMEM budget",
         find_vmem_overallocation,
@@ -530,7 +539,7 @@ OPERATORS: tuple[BugOperator, ...] = (
         "the blocks become huge, and the pipeline double-buffers every input and output block. Their "
         "total exceeds the scoped VMEM limit, so the kernel cannot be allocated.",
         "With {const} the blocks (times two buffers, plus scratch) fit VMEM with room to spare, and "
-        "the grid simply takes more steps."),
+        "the grid simply takes more steps.", static=True),
     BugOperator(
         "index_map_shift", "an index_map off by one block (out of range on the last step)",
         find_index_map_shift,
@@ -551,7 +560,7 @@ OPERATORS: tuple[BugOperator, ...] = (
         "multiple of the block, the last partial block gets no grid step and its outputs are never "
         "written.",
         "`{before}` rounds up, so the grid covers the ragged tail. Pallas masks the out-of-range part "
-        "of the last block on write-back.", priority=2),
+        "of the last block on write-back."),
     BugOperator(
         "drop_mask", "masking of ragged edges or hidden positions removed", find_drop_mask,
         "At line {line} (`{function}`) the mask `jnp.where({cond}, {kept}, {fill})` was dropped and "
@@ -601,7 +610,7 @@ OPERATORS: tuple[BugOperator, ...] = (
         "At line {line} (`{function}`) the comparison `{before}` became `{after}` ({op} -> {new_op}). "
         "The boundary element is now on the wrong side: the diagonal of a causal mask, or the last "
         "valid position of a ragged edge.",
-        "`{before}` includes exactly the positions the reference includes.", priority=2),
+        "`{before}` includes exactly the positions the reference includes."),
     BugOperator(
         "dma_never_waited", "a DMA started but never waited", find_dma_never_waited,
         "At line {line} (`{function}`) the `{before}` was removed, so the copy `{copy}` is started but "
@@ -694,9 +703,11 @@ def operator(name: str) -> BugOperator:
     raise KeyError(f"unknown bug operator {name!r}; known: {', '.join(OPERATOR_NAMES)}")
 
 
-def mutants(task: Task, operators: tuple[BugOperator, ...] = OPERATORS) -> list[Mutant]:
-    """Every mutant of a task's solution, in operator order; unchanged or duplicate sources dropped."""
-    module = SourceModule(task.solution_source(), task)
+def mutants(task: Task, operators: tuple[BugOperator, ...] = OPERATORS, kernel: str | None = None,
+            variant: str = "solution", variant_key: str = "") -> list[Mutant]:
+    """Every mutant of a correct kernel of `task` (its solution unless `kernel`, a source, is
+    given), in operator order; unchanged or duplicate sources dropped."""
+    module = SourceModule(task.solution_source() if kernel is None else kernel, task)
     out, seen = [], {module.source}
     for op in operators:
         for index, site in enumerate(op.find(module)):
@@ -704,5 +715,5 @@ def mutants(task: Task, operators: tuple[BugOperator, ...] = OPERATORS) -> list[
             if source in seen:
                 continue
             seen.add(source)
-            out.append(Mutant(task.name, op.name, index, source, site.line, site.facts))
+            out.append(Mutant(task.name, op.name, index, source, site.line, site.facts, variant, variant_key))
     return out

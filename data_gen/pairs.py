@@ -6,15 +6,13 @@ the last message is trained on.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass
 
 from chat import prompts
+from data_gen.fingerprint import normalized
 from data_gen.mutations import Mutant, operator
-from evaluator.policy import parse_module
 from evaluator.record import Verdict
 from tasks.spec import Task
 
@@ -67,14 +65,6 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
         case_split=failing.split, error_class=failing.status, failing_stage=failing.stage, source=source,
         origin=origin, context=context, messages=messages, failing_verdict=verdict_json(failing),
         repair_verdict=verdict_json(repaired), failing_code=failing_code, repair_code=repair_code)
-
-
-def normalized(source: str) -> str:
-    """Source with comments and layout normalized away, so cosmetic variants deduplicate."""
-    try:
-        return ast.dump(parse_module(source))
-    except (SyntaxError, ValueError):
-        return " ".join(re.sub(r"#[^\n]*", "", source).split())
 
 
 # --- explanations for injected bugs ----------------------------------------------------------------

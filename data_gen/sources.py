@@ -19,7 +19,8 @@ from typing import Any
 from chat import prompts
 from chat.models import ChatModel
 from data_gen.dataset import round_robin
-from data_gen.mutations import OPERATORS, BugOperator, Mutant, mutants
+from data_gen.fingerprint import fingerprint
+from data_gen.mutations import OPERATORS, BugOperator, Mutant, mutants, operator
 from data_gen.pairs import build_pair, explain_mutation
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.grader import Evaluator
@@ -28,6 +29,7 @@ from tasks import get_task
 from tasks.spec import Task
 
 SPLIT = "train"  # attempts are graded on train cases only: held-out cases never reach the data
+STATIC_STAGES = "estimate"  # the last stage that runs nothing (evaluator/stages.py: STAGES)
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,10 @@ def seed_for(key: str) -> int:
 class SeededGrading:
     """The evaluator on the train split, with the verdict of each distinct repair kept.
 
-    A task's solution repairs every mutant of that task; grading it once per run (and reading it
-    back from the journal on resume) is what makes the mutation source cheap. Every attempt at a
-    task is graded on the same seeded inputs, so the host computes each reference output once.
+    One correct kernel repairs every mutant made from it. Its verdict is graded at most once per
+    run, and usually never: the verdicts a run starts with (`known`) hold the fresh entries of
+    the variant pool and the repairs journaled by the run it resumes. Every attempt at a task is
+    graded on the same seeded inputs, so the host computes each reference output once.
     """
 
     def __init__(self, evaluator: Evaluator, run_seed: int, known: dict[str, Verdict] | None = None,
@@ -58,11 +61,12 @@ class SeededGrading:
         self._guard = threading.Lock()
         self._on_new_repair = on_new_repair
 
-    def grade(self, task: Task, answer: str) -> Verdict:
-        return self.evaluator.grade(task, answer, SPLIT, seed=seed_for(f"{self.run_seed}:{task.name}"))
+    def grade(self, task: Task, answer: str, through: str | None = None) -> Verdict:
+        return self.evaluator.grade(task, answer, SPLIT, seed=seed_for(f"{self.run_seed}:{task.name}"),
+                                    through=through)
 
     def grade_repair(self, task: Task, code: str) -> Verdict:
-        key = f"{task.name}:{hashlib.sha256(code.encode()).hexdigest()[:16]}"
+        key = repair_key(task.name, code)
         with self._guard:
             lock = self._locks[key]
         with lock:  # one grading per repair even when many threads ask at once
@@ -72,6 +76,11 @@ class SeededGrading:
                 if self._on_new_repair is not None:
                     self._on_new_repair(key, verdict)
             return self._repairs[key]
+
+
+def repair_key(task: str, code: str) -> str:
+    """How a repair's verdict is keyed in the journal (and in the verdicts a run starts with)."""
+    return f"{task}:{hashlib.sha256(code.encode()).hexdigest()[:16]}"
 
 
 def attempt_entry(item_id: str, task: Task, source: str, origin: str, failing: Verdict | None,
@@ -87,49 +96,73 @@ def attempt_entry(item_id: str, task: Task, source: str, origin: str, failing: V
 
 @dataclass
 class MutationSource:
-    """Bugs injected into each task's verified solution; the repair is the solution itself."""
+    """Bugs injected into verified correct kernels; each mutant's repair is the kernel it came from.
+
+    `variants` maps a task to its correct kernels, (name, source) pairs from the variant pool;
+    a task without any uses its solution alone.
+    """
 
     tasks: list[Task]
     max_per_task: int
     seed: int
     operators: tuple[BugOperator, ...] = OPERATORS
+    variants: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     name: str = "mutation"
 
+    def kernels(self, task: Task) -> list[tuple[str, str]]:
+        return self.variants.get(task.name) or [("solution", task.solution_source())]
+
     def items(self) -> list[Mutant]:
-        """Up to max_per_task mutants per task, round-robin over operators so each task gets the
-        widest mix of bugs first: operators in a seeded order within their priority, sites within
-        an operator in a seeded order."""
+        """Up to max_per_task mutants per task, taken round-robin over its kernels so every kernel
+        is a repair; each kernel starts at another place in the task's operator order, so a task
+        gets the widest mix of bugs. Operators are in a seeded order within their priority, sites
+        within an operator in a seeded order."""
         priority = {op.name: op.priority for op in self.operators}
         chosen = []
         for task in self.tasks:
             rng = random.Random(f"{self.seed}:{task.name}")
-            by_op: dict[str, list[Mutant]] = defaultdict(list)
-            for mutant in mutants(task, self.operators):
-                by_op[mutant.operator].append(mutant)
-            names = sorted(by_op)
+            kernels = self.kernels(task)
+            names = sorted({op.name for op in self.operators})
             rng.shuffle(names)
             names.sort(key=priority.__getitem__)  # stable: shuffled within each priority
-            chosen.extend(round_robin([rng.sample(by_op[n], len(by_op[n])) for n in names], self.max_per_task))
+            stride = -(-self.max_per_task // len(kernels)) if self.max_per_task > 0 else 1
+            queues = []
+            for index, (variant, source) in enumerate(kernels):
+                by_op: dict[str, list[Mutant]] = defaultdict(list)
+                for mutant in mutants(task, self.operators, source, variant, _variant_key(variant, source)):
+                    by_op[mutant.operator].append(mutant)
+                order = [n for n in names if n in by_op]
+                shift = index * stride % len(order) if order else 0
+                order = order[shift:] + order[:shift]
+                queues.append(round_robin([rng.sample(by_op[n], len(by_op[n])) for n in order], 0))
+            chosen.extend(round_robin(queues, self.max_per_task))
         return chosen
 
     def process(self, mutant: Mutant, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(mutant.task)
-        failing = grader.grade(task, mutant.answer())
-        extra = {"line": mutant.line}
-        if failing.ok:
+        static = operator(mutant.operator).static
+        failing = grader.grade(task, mutant.answer(), through=STATIC_STAGES if static else None)
+        extra = {"line": mutant.line, "variant": mutant.variant}
+        if failing.ok or failing.status == "pending":
+            where = "the static stages" if static else "the evaluator"
             return attempt_entry(mutant.id, task, self.name, mutant.operator, failing,
-                                 dropped="survived: the evaluator found no fault", **extra)
-        solution = task.solution_source()
-        repaired = grader.grade_repair(task, solution)
+                                 dropped=f"survived: {where} found no fault", **extra)
+        repair = dict(self.kernels(task))[mutant.variant]
+        repaired = grader.grade_repair(task, repair)
         if not repaired.ok:
             return attempt_entry(mutant.id, task, self.name, mutant.operator, failing,
                                  dropped=f"repair not confirmed: {repaired.status}", **extra)
         pair = build_pair(task, attempt_id=mutant.id, source=self.name, origin=mutant.operator,
                           context=prompt.context, generation=prompt.generation,
                           failing_answer=mutant.answer(), failing_code=mutant.code, failing=failing,
-                          explanation=explain_mutation(mutant, failing), repair_code=solution,
+                          explanation=explain_mutation(mutant, failing), repair_code=repair,
                           repaired=repaired)
         return attempt_entry(mutant.id, task, self.name, mutant.operator, failing, pair, **extra)
+
+
+def _variant_key(variant: str, source: str) -> str:
+    """The solution keeps its historical mutant ids; other kernels' ids carry their fingerprint."""
+    return "" if variant == "solution" else fingerprint(source)
 
 
 # --- model -------------------------------------------------------------------------------------

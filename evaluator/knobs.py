@@ -51,13 +51,18 @@ def choices(knob: Knob, max_dim: int) -> list[int]:
     """Values to try: the mark's list, or aligned powers of two up to `max_dim`."""
     if knob.choices:
         return sorted(set(knob.choices) | {knob.value})
-    align = 128 if knob.value % 128 == 0 else 8
+    align = alignment(knob)
     values = {knob.value}
     v = align
     while v <= max(max_dim, align):
         values.add(v)
         v *= 2
     return sorted(values)
+
+
+def alignment(knob: Knob) -> int:
+    """The tile a knob's values keep: 128 lanes if its value is a multiple of 128, else 8 rows."""
+    return 128 if knob.value % 128 == 0 else 8
 
 
 def rewrite(source: str, knobs: list[Knob], setting: dict[str, int]) -> str:

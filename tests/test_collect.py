@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 import datasets
-from data_gen.collect import main
+from data_gen.collect import main, pool_variants
 from data_gen.dataset import check_clean
+from data_gen.fingerprint import fingerprint
+from data_gen.pool import DEFAULT_POOL, POOL_FILE, load_pool
+from data_gen.sources import MutationSource, repair_key
+from tasks import get_task
 
 ROOT = Path(__file__).parent.parent
 SMALL = ["--task", "matmul", "--task", "softmax", "--max-per-task", "7", "--workers", "1"]
@@ -59,6 +63,58 @@ def test_card_states_the_counts_and_figure_exists(small_run):
     for error_class, n in counts.items():
         assert f"| {error_class} | {n} |" in card
     assert (folder / "error_classes.png").stat().st_size > 1000
+
+
+def test_repairs_are_many_pool_kernels_each_behind_few_pairs(small_run):
+    tmp, _ = small_run
+    ds = datasets.load_dataset(str(tmp / "datasets" / "small"))
+    rows = [r for split in ds.values() for r in split]
+    per_repair = Counter((r["task"], fingerprint(r["repair_code"])) for r in rows)
+    assert max(per_repair.values()) <= 3
+    pool = {(e.task, e.fingerprint) for e in load_pool(DEFAULT_POOL) if e.ok}
+    assert set(per_repair) <= pool  # every repair is a verified pool kernel
+    for task in ("matmul", "softmax"):
+        assert sum(t == task for t, _ in per_repair) >= 3
+    card = (tmp / "datasets" / "small" / "README.md").read_text()
+    assert f"| distinct repair kernels | {len(per_repair)} |" in card
+
+
+def test_a_stale_pool_entry_is_graded_again_before_use(tmp_path):
+    """Fresh entries are trusted without grading; a stale one is graded once and journaled."""
+    entries = [e for e in load_pool(DEFAULT_POOL) if e.task == "rms_norm" and e.ok][:2]
+    assert len(entries) == 2
+    entries[1].inputs_hash = "0" * 24
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / POOL_FILE).write_text("".join(e.to_json() + "\n" for e in entries))
+    args = ["--task", "rms_norm", "--max-per-task", "4", "--workers", "1", "--pool", str(pool),
+            "--name", "stale", "--out-dir", str(tmp_path / "datasets"), "--runs-dir", str(tmp_path / "runs")]
+    assert main(args) == 0
+    lines = [json.loads(line) for line in (tmp_path / "runs" / "stale" / "journal.jsonl").read_text().splitlines()]
+    graded = [e for e in lines if e.get("kind") == "repair"]
+    assert [e["key"] for e in graded] == [repair_key("rms_norm", entries[1].source)]
+    assert {e["variant"] for e in lines if e.get("kind") == "attempt"} == {entries[0].name, entries[1].name}
+
+
+def test_block_size_bugs_are_judged_by_the_static_stages(tmp_path):
+    """A block-size mutant fails at lowering / the VMEM budget or is dropped unrun; the dropped
+    ones really pass when fully graded (the shortcut loses no failure)."""
+    from evaluator.grader import Evaluator
+
+    args = ["--task", "rms_norm", "--operator", "misaligned_block", "--operator", "vmem_overallocation",
+            "--max-per-task", "6", "--workers", "1", "--name", "static",
+            "--out-dir", str(tmp_path / "datasets"), "--runs-dir", str(tmp_path / "runs")]
+    assert main(args) == 0
+    attempts = journal_attempts(tmp_path / "runs" / "static" / "journal.jsonl")
+    kept = [e for e in attempts if e["pair"]]
+    dropped = [e for e in attempts if e["dropped"]]
+    assert kept and dropped
+    assert {e["status"] for e in kept} <= {"lowering_error", "compile_error"}
+    assert {e["dropped"] for e in dropped} == {"survived: the static stages found no fault"}
+    survivor = next(m for m in MutationSource([get_task("rms_norm")], 0, 0, variants=pool_variants(
+        [e for e in load_pool() if e.task == "rms_norm"])).items() if m.id == dropped[0]["id"])
+    with Evaluator(workers=1, n_seeds=1) as evaluator:
+        assert evaluator.grade("rms_norm", survivor.answer(), "train", seed=0).status == "correct"
 
 
 def test_rerun_resumes_without_regrading_or_duplicates(small_run, capsys):

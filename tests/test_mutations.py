@@ -1,6 +1,7 @@
 """Bug operators: they apply across the suite, touch only their site, and the evaluator sees the bug."""
 import ast
 import difflib
+from collections import Counter
 
 import pytest
 
@@ -94,16 +95,31 @@ def test_explanations_quote_this_kernel_and_this_verdict(evaluator):
     assert ea.split("\n\n")[1:] != eb.split("\n\n")[1:]
 
 
-def test_budget_goes_to_rare_bugs_first_and_rarely_exposed_ones_last():
+def test_budget_goes_to_rare_bugs_first():
     from data_gen.sources import MutationSource
 
     chosen = {m.operator for m in MutationSource([get_task("batched_matmul")], 3, seed=0).items()}
     assert "no_parallel_axis" in chosen  # the only bug giving missing_feature on this task
     for task in ("matmul", "attention_fwd_causal"):
         applicable = {m.operator for m in mutants(get_task(task))}
-        budget = len([op for op in OPERATORS if op.name in applicable and op.priority < 2])
-        chosen = {m.operator for m in MutationSource([get_task(task)], budget, seed=0).items()}
-        assert chosen == {op.name for op in OPERATORS if op.name in applicable and op.priority < 2}
+        chosen = [m.operator for m in MutationSource([get_task(task)], len(applicable), seed=0).items()]
+        assert sorted(chosen) == sorted(applicable)  # one of each before any twice
+
+
+def test_mutants_spread_over_the_pool_kernels_and_operators():
+    from data_gen.collect import pool_variants
+    from data_gen.pool import load_pool
+    from data_gen.sources import MutationSource
+
+    variants = pool_variants([e for e in load_pool() if e.task == "matmul"])
+    kernels = dict(variants["matmul"])
+    assert len(kernels) >= 4
+    chosen = MutationSource([get_task("matmul")], 2 * len(kernels), seed=0, variants=variants).items()
+    assert Counter(m.variant for m in chosen) == {name: 2 for name in kernels}
+    assert len({m.operator for m in chosen}) >= len(kernels) + 2
+    for m in chosen:  # each mutant is one edit away from the kernel it names, not from the solution
+        assert m.source != kernels[m.variant]
+        assert (m.variant == "solution") == (m.id.count(":") == 2)
 
 
 def test_stop_at_first_failure_confirms_a_failure_with_one_case():

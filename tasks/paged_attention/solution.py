@@ -36,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 # Finite, so a masked logit gives exp(_MASK_VALUE - m) == 0 and never exp(-inf - -inf) == NaN.
 _MASK_VALUE = -1e30
-CHUNK_TOKENS = 256  # tokens per chunk (at most): whole pages
+CHUNK_TOKENS = 256  # tune: 32, 64, 128, 256  (tokens per chunk, at most: whole pages)
 _BATCHED = (((2,), (2,)), ((0,), (0,)))  # [h, g, d] x [h, t, d] -> [h, g, t]
 _BATCHED_PV = (((2,), (1,)), ((0,), (0,)))  # [h, g, t] x [h, t, d] -> [h, g, d]
 
