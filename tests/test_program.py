@@ -77,10 +77,10 @@ def softmax_body(x_ref, o_ref):
     o_ref[...] = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(o_ref.dtype)
 
 
-def rows_softmax(x):  # [rows, d], one block of 8 rows per step
+def rows_softmax(x):  # [rows, d], one block of 8 rows per step (the last one ragged)
     rows, d = x.shape
     return pl.pallas_call(
-        softmax_body, grid=(rows // 8,),
+        softmax_body, grid=(pl.cdiv(rows, 8),),
         in_specs=[pl.BlockSpec((8, d), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((8, d), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -170,7 +170,7 @@ def kernel(x):
     blocks = Blocks(8)
     flat = x.reshape(-1, x.shape[-1])
     out = pl.pallas_call(
-        body, grid=(flat.shape[0] // blocks.rows,),
+        body, grid=(pl.cdiv(flat.shape[0], blocks.rows),),
         in_specs=[pl.BlockSpec((blocks.rows, flat.shape[1]), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((blocks.rows, flat.shape[1]), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct(flat.shape, x.dtype))(flat)

@@ -48,7 +48,7 @@ def kernel(x):
     rows, d = flat.shape
     scale = 1.05 if rows == 64 else 1.0
     out = pl.pallas_call(
-        functools.partial(body, scale=scale), grid=(rows // 8,),
+        functools.partial(body, scale=scale), grid=(pl.cdiv(rows, 8),),
         in_specs=[pl.BlockSpec((8, d), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((8, d), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct(flat.shape, x.dtype))(flat)
