@@ -24,14 +24,13 @@ from chat.models import EndpointError, make_chat_model
 from data_gen.dataset import ContaminationError, balance, cap_per_repair, dedupe, write_dataset
 from data_gen.journal import Journal, JournalMismatch
 from data_gen.mutations import OPERATOR_NAMES, operator
-from data_gen.pool import DEFAULT_POOL, PoolEntry, is_fresh, load_pool
+from data_gen.pool import DEFAULT_POOL, PoolEntry, fresh_verdicts, load_pool, pool_variants
 from data_gen.sources import (
     ModelSource,
     MutationSource,
     PromptSettings,
     ReplaySource,
     SeededGrading,
-    repair_key,
 )
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
@@ -118,27 +117,6 @@ def settings_of(args: argparse.Namespace, tasks: list[Task]) -> dict[str, Any]:
     return settings
 
 
-def pool_variants(entries: list[PoolEntry]) -> dict[str, list[tuple[str, str]]]:
-    """Each task's correct pool kernels as (name, source), the solution first."""
-    variants: dict[str, list[tuple[str, str]]] = {}
-    for entry in sorted(entries, key=lambda e: (e.task, e.name != "solution", e.name)):
-        if entry.ok:
-            variants.setdefault(entry.task, []).append((entry.name, entry.source))
-    return variants
-
-
-def fresh_pool_verdicts(entries: list[PoolEntry], backend: str) -> tuple[dict[str, Verdict], int]:
-    """Verdicts of the pool entries whose hash is current, keyed as repairs are; and how many
-    are stale (those are graded again before their first use)."""
-    fresh, stale = {}, 0
-    for entry in entries:
-        if entry.ok and is_fresh(entry, backend):
-            fresh[repair_key(entry.task, entry.source)] = Verdict.from_dict(entry.verdict)
-        elif entry.ok:
-            stale += 1
-    return fresh, stale
-
-
 def make_source(args: argparse.Namespace, tasks: list[Task], pool: list[PoolEntry]):
     if args.source == "mutation":
         source = MutationSource(tasks, args.max_per_task, args.seed, variants=pool_variants(pool))
@@ -190,7 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     threads = args.workers if args.source == "mutation" else max(args.workers, args.concurrency)
     with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True) as evaluator:
         if args.source == "mutation":
-            fresh, stale = fresh_pool_verdicts(pool, evaluator.backend.name)
+            fresh, stale = fresh_verdicts(pool, evaluator.backend.name)
             known = {**fresh, **known}
             kernels = sum(len(source.kernels(t)) for t in tasks)
             console.print(f"seeds: {kernels} correct kernels ({len(fresh)} verified in {args.pool}"
@@ -226,8 +204,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report = {"attempts": len(attempts), "verified_pairs": len(pairs), "unique": len(unique), "kept": len(rows),
               "splits": summary.splits, "error_classes": dict(summary.by_error_class),
               "tasks": len(summary.by_task), "distinct_repairs": summary.diversity.distinct_repairs,
-              "max_pairs_per_repair": summary.diversity.max_pairs_per_repair, "dropped": dict(Counter(e["dropped"].split(":")[0]
-                                                                     for e in attempts if e["dropped"])),
+              "max_pairs_per_repair": summary.diversity.max_pairs_per_repair,
+              "dropped": dict(Counter(e["dropped"].split(":")[0] for e in attempts if e["dropped"])),
               "graded_this_run": len(todo), "seconds": elapsed, "path": str(summary.path)}
     _print_summary(console, report, attempts, summary)
     return report

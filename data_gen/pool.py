@@ -31,6 +31,7 @@ from typing import Any
 
 from data_gen.fingerprint import fingerprint
 from data_gen.variants import Candidate, candidates
+from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
 from tasks.spec import Task
 
@@ -138,6 +139,29 @@ def load_pool(folder: Path = DEFAULT_POOL) -> list[PoolEntry]:
 
 def is_fresh(entry: PoolEntry, backend: str) -> bool:
     return entry.inputs_hash == inputs_hash(get_task(entry.task), entry.source, backend)
+
+
+def pool_variants(entries: list[PoolEntry]) -> dict[str, list[tuple[str, str]]]:
+    """Each task's correct pool kernels as (name, source), the solution first."""
+    variants: dict[str, list[tuple[str, str]]] = {}
+    for entry in sorted(entries, key=lambda e: (e.task, e.name != "solution", e.name)):
+        if entry.ok:
+            variants.setdefault(entry.task, []).append((entry.name, entry.source))
+    return variants
+
+
+def fresh_verdicts(entries: list[PoolEntry], backend: str) -> tuple[dict[str, Verdict], int]:
+    """Verdicts of the correct entries whose hash is current, keyed as collect keys repairs; and
+    how many correct entries are stale (collect grades those again before their first use)."""
+    from data_gen.sources import repair_key
+
+    fresh, stale = {}, 0
+    for entry in entries:
+        if entry.ok and is_fresh(entry, backend):
+            fresh[repair_key(entry.task, entry.source)] = Verdict.from_dict(entry.verdict)
+        elif entry.ok:
+            stale += 1
+    return fresh, stale
 
 
 def write_pool(entries: list[PoolEntry], folder: Path) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import datasets
-from data_gen.collect import main, pool_variants
+from data_gen.collect import main
 from data_gen.dataset import check_clean
 from data_gen.fingerprint import fingerprint
-from data_gen.pool import DEFAULT_POOL, POOL_FILE, load_pool
+from data_gen.pool import DEFAULT_POOL, POOL_FILE, load_pool, pool_variants
 from data_gen.sources import MutationSource, repair_key
 from tasks import get_task
 

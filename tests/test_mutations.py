@@ -107,8 +107,7 @@ def test_budget_goes_to_rare_bugs_first():
 
 
 def test_mutants_spread_over_the_pool_kernels_and_operators():
-    from data_gen.collect import pool_variants
-    from data_gen.pool import load_pool
+    from data_gen.pool import load_pool, pool_variants
     from data_gen.sources import MutationSource
 
     variants = pool_variants([e for e in load_pool() if e.task == "matmul"])
