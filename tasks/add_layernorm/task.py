@@ -55,7 +55,7 @@ CASES = (
 
 TASK = Task(
     name="add_layernorm",
-    version=1,
+    version=2,
     level=2,
     description=("Fused residual add + LayerNorm: layer_norm(x + residual) * gamma + beta over "
                  "the last axis (biased variance, eps=1e-5) in float32; output in x.dtype."),

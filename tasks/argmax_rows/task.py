@@ -57,7 +57,7 @@ CASES = (
 
 TASK = Task(
     name="argmax_rows",
-    version=1,
+    version=2,
     level=1,
     description=("Row-wise argmax over the last axis (first index of the maximum) as int32; "
                  "compared exactly."),

@@ -113,7 +113,7 @@ def build_task(*, name: str, description: str, reference_fn, make_inputs_fn,
     """An attention-backward task over the shared cases; the two variants differ only in the mask."""
     return Task(
         name=name,
-        version=1,
+        version=2,
         level=3,
         description=description,
         signature=("kernel(q[B, H, S, D], k[B, H, S, D], v[B, H, S, D], o[B, H, S, D], "

@@ -45,7 +45,7 @@ CASES = (
 
 TASK = Task(
     name="batched_matmul",
-    version=1,
+    version=2,
     level=1,
     description=("Batched matrix multiply, one independent matmul per batch entry; float32 "
                  "accumulation, output in a.dtype."),

@@ -47,7 +47,7 @@ CASES = (
 
 TASK = Task(
     name="conv1d",
-    version=1,
+    version=2,
     level=1,
     description="1-D convolution (stride 1, VALID padding, NWC layout) written as matmuls over taps.",
     signature="kernel(x[B, L, Cin], w[K, Cin, Cout]) -> [B, L-K+1, Cout]",

@@ -47,7 +47,7 @@ CASES = (
 
 TASK = Task(
     name="cumsum_rows",
-    version=1,
+    version=2,
     level=1,
     description=("Inclusive cumulative sum along the last axis, computed in float32; output in "
                  "x.dtype."),

@@ -53,7 +53,7 @@ CASES = (
 
 TASK = Task(
     name="dequant_matmul",
-    version=1,
+    version=2,
     level=2,
     description=("Weight-only int8 matmul: x @ (wq * scales) with per-output-column float32 "
                  "scales, dequantised inside the kernel; f32 accumulation, output in x.dtype."),

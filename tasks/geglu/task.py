@@ -49,7 +49,7 @@ CASES = (
 
 TASK = Task(
     name="geglu",
-    version=1,
+    version=2,
     level=2,
     description=("Fused GEGLU: gelu(x @ w1) * (x @ w2) with the exact (erf) GELU, f32 "
                  "accumulation and epilogue; output in x.dtype."),

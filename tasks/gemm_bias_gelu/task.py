@@ -46,7 +46,7 @@ CASES = (
 
 TASK = Task(
     name="gemm_bias_gelu",
-    version=1,
+    version=2,
     level=2,
     description=("Fused linear layer: gelu(x @ w + b) with the tanh GELU approximation, f32 "
                  "accumulation and epilogue; output in x.dtype."),

@@ -51,7 +51,7 @@ CASES = (
 
 TASK = Task(
     name="gemm_rmsnorm",
-    version=1,
+    version=2,
     level=2,
     description=("Fused GEMM + RMS norm: rms_norm(x @ w) * scale, normalised over the N axis "
                  "(eps=1e-6), f32 accumulation and norm; output in x.dtype."),

@@ -51,7 +51,7 @@ CASES = (
 
 TASK = Task(
     name="gemm_softmax",
-    version=1,
+    version=2,
     level=2,
     description=("Fused GEMM + softmax: softmax(x @ w, axis=-1) with f32 accumulation and "
                  "softmax, logits never in HBM; output in x.dtype."),

@@ -71,7 +71,7 @@ CASES = (
 
 TASK = Task(
     name="group_norm",
-    version=1,
+    version=2,
     level=1,
     description=("GroupNorm over NHWC activations: per (sample, group of C/G channels) mean and "
                  "variance over HW and the group's channels, eps=1e-5, per-channel gamma and "

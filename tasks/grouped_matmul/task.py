@@ -90,7 +90,7 @@ CASES = (
 
 TASK = Task(
     name="grouped_matmul",
-    version=1,
+    version=2,
     level=3,
     description=("Grouped (ragged) matmul as in MoE layers: consecutive row groups of lhs, "
                  "sized by group_sizes, each times its own rhs[i]; float32 accumulation, "

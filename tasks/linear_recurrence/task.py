@@ -67,7 +67,7 @@ CASES = (
 
 TASK = Task(
     name="linear_recurrence",
-    version=1,
+    version=2,
     level=3,
     description=("Diagonal linear recurrence / selective scan: h_t = a_t * h_{t-1} + b_t (x) x_t "
                  "per channel with state size N, h_0 = 0, y_t = sum_n c_t[n] * h_t[:, n]; "

@@ -39,7 +39,7 @@ CASES = (
 
 TASK = Task(
     name="matmul",
-    version=1,
+    version=2,
     level=1,
     description="Dense matrix multiply with float32 accumulation; output in the input dtype.",
     signature="kernel(x[M, K], y[K, N]) -> [M, N]",

@@ -47,7 +47,7 @@ CASES = (
 
 TASK = Task(
     name="matmul_bf16_f32acc",
-    version=1,
+    version=2,
     level=1,
     description=("Matrix multiply of bf16 inputs with float32 accumulation and a float32 output "
                  "(bf16 in / f32 out; f32 inputs give f32 output too)."),

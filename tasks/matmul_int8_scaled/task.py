@@ -59,7 +59,7 @@ CASES = (
 
 TASK = Task(
     name="matmul_int8_scaled",
-    version=1,
+    version=2,
     level=1,
     description=("int8 x int8 matmul accumulated exactly in int32, dequantised with per-row "
                  "scales sx and per-column scales sw; output in the scale dtype."),

@@ -45,7 +45,7 @@ CASES = (
 
 TASK = Task(
     name="matmul_transposed",
-    version=1,
+    version=2,
     level=1,
     description=("Matrix multiply with a transposed second operand, x @ w.T for w stored [N, K]; "
                  "float32 accumulation, output in x.dtype."),

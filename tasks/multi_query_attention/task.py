@@ -55,7 +55,7 @@ CASES = (
 
 TASK = Task(
     name="multi_query_attention",
-    version=1,
+    version=2,
     level=3,
     description=("Multi-query attention, no mask: all query heads share one key/value head; "
                  "o[:, h] = softmax(q[:, h] @ k[:, 0]^T * head_dim**-0.5) @ v[:, 0], softmax in "

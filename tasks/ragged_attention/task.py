@@ -102,7 +102,7 @@ CASES = (
 
 TASK = Task(
     name="ragged_attention",
-    version=1,
+    version=2,
     level=3,
     description=("Variable-length multi-head attention over a padded batch: query i of row b "
                  "attends to keys j < lengths[b] with softmax(q @ k^T * head_dim**-0.5) @ v, "

@@ -47,7 +47,7 @@ CASES = (
 
 TASK = Task(
     name="reduce_sum_max",
-    version=1,
+    version=2,
     level=1,
     description=("Row-wise sum (float32 accumulation) and row-wise max of a matrix, returned "
                  "together as two outputs in x.dtype."),

@@ -51,7 +51,7 @@ CASES = (
 
 TASK = Task(
     name="residual_rmsnorm",
-    version=1,
+    version=2,
     level=2,
     description=("Fused residual add + RMS norm: s = x + residual, returns (rms_norm(s) * scale, "
                  "s) with eps=1e-6, computed in float32; outputs in x.dtype."),

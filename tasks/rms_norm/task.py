@@ -46,7 +46,7 @@ CASES = (
 
 TASK = Task(
     name="rms_norm",
-    version=1,
+    version=2,
     level=1,
     description=("RMS normalisation over the last axis with a learned scale, eps=1e-6, "
                  "computed in float32; output in the input dtype."),

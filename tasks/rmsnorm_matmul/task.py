@@ -53,7 +53,7 @@ CASES = (
 
 TASK = Task(
     name="rmsnorm_matmul",
-    version=1,
+    version=2,
     level=2,
     description=("Fused RMS norm + projection: (rms_norm(x) * scale) @ w, norm over D with "
                  "eps=1e-6 in float32, f32 accumulation; output in x.dtype."),

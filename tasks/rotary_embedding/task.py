@@ -58,7 +58,7 @@ CASES = (
 
 TASK = Task(
     name="rotary_embedding",
-    version=1,
+    version=2,
     level=2,
     description=("Rotary position embedding of q and k (rotate-half convention, base 10000, "
                  "positions 0..S-1), cos/sin computed in float32; outputs in the input dtype."),

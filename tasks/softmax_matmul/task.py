@@ -51,7 +51,7 @@ CASES = (
 
 TASK = Task(
     name="softmax_matmul",
-    version=1,
+    version=2,
     level=2,
     description=("Fused softmax(x, axis=-1) @ v: softmax over K in float32 (online, over K tiles) "
                  "with f32 accumulation; output in x.dtype."),

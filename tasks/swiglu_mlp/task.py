@@ -51,7 +51,7 @@ CASES = (
 
 TASK = Task(
     name="swiglu_mlp",
-    version=1,
+    version=2,
     level=2,
     description=("Fused SwiGLU MLP: (silu(x @ w_gate) * (x @ w_up)) @ w_down without the hidden "
                  "activation in HBM; f32 accumulation, output in x.dtype."),

@@ -69,7 +69,7 @@ CASES = (
 
 TASK = Task(
     name="transformer_mlp_bwd",
-    version=1,
+    version=2,
     level=3,
     description=("Backward of the pre-norm MLP block y = x + gelu_tanh(rms_norm(x) * g @ w1) @ w2 "
                  "(rms eps 1e-6): (dx, dg, dw1, dw2) from dy, computed in float32; outputs in the "

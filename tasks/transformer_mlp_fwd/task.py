@@ -65,7 +65,7 @@ CASES = (
 
 TASK = Task(
     name="transformer_mlp_fwd",
-    version=1,
+    version=2,
     level=3,
     description=("Pre-norm transformer MLP block forward: y = x + gelu_tanh(rms_norm(x) * g @ w1) "
                  "@ w2, rms eps 1e-6, computed in float32; output in x.dtype."),

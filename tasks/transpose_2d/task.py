@@ -38,7 +38,7 @@ CASES = (
 
 TASK = Task(
     name="transpose_2d",
-    version=1,
+    version=2,
     level=1,
     description="Matrix transpose x[M, N] -> [N, M] in the input dtype.",
     signature="kernel(x[M, N]) -> [N, M]",
