@@ -156,10 +156,10 @@ def fresh_verdicts(entries: list[PoolEntry], backend: str) -> tuple[dict[str, Ve
     from data_gen.sources import repair_key
 
     fresh, stale = {}, 0
-    for entry in entries:
-        if entry.ok and is_fresh(entry, backend):
+    for entry in (e for e in entries if e.ok):
+        if is_fresh(entry, backend):
             fresh[repair_key(entry.task, entry.source)] = Verdict.from_dict(entry.verdict)
-        elif entry.ok:
+        else:
             stale += 1
     return fresh, stale
 

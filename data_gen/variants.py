@@ -21,7 +21,6 @@ import itertools
 import random
 import tokenize
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from data_gen.fingerprint import fingerprint
 from evaluator.knobs import Knob, alignment, choices, find_knobs, rewrite
@@ -50,12 +49,6 @@ def seed_sources(task: Task) -> dict[str, str]:
     for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
         seeds[path.stem] = path.read_text()
     return seeds
-
-
-def seed_files(task: Task) -> list[Path]:
-    """The files `seed_sources` reads (what a pool entry's seed came from)."""
-    folder = task.solution_path.parent / VARIANTS_DIR
-    return [task.solution_path] + (sorted(folder.glob("*.py")) if folder.is_dir() else [])
 
 
 def candidates(task: Task, rewrites_per_seed: int) -> list[Candidate]:
