@@ -1,7 +1,9 @@
-"""Check what the README's main command built: rows, error classes, repair diversity, card and figure.
+"""Check what the README's main command built: rows, error classes, repair diversity, the text
+rules, the runtime share, card and figure.
 
     python .ci/check_dataset.py datasets/fixit-mutation [--min-rows 300] [--min-classes 10]
                                 [--min-repairs 150] [--max-per-repair 3]
+                                [--max-opening-share 0.1] [--min-runtime-share 0.5]
 
 Run by .ci/run after it deleted the committed copy, so only a dataset built in this run can pass.
 """
@@ -9,14 +11,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
 from data_gen.fingerprint import fingerprint
+from data_gen.mix import semantic_share
+from data_gen.text_rules import opening_share, prose, row_violations
 
 
-def check(folder: Path, min_rows: int, min_classes: int, min_repairs: int, max_per_repair: int) -> list[str]:
+def check(folder: Path, min_rows: int, min_classes: int, min_repairs: int, max_per_repair: int,
+          max_opening_share: float = 0.1, min_runtime_share: float = 0.5) -> list[str]:
     """Problems found; empty when the dataset is whole."""
     problems = []
     for name in ("README.md", "error_classes.png"):
@@ -41,6 +47,21 @@ def check(folder: Path, min_rows: int, min_classes: int, min_repairs: int, max_p
         problems.append(f"a repair kernel is behind {per_repair.max()} pairs, expected at most {max_per_repair}")
     if rows["messages"].map(len).ne(5).any():
         problems.append("some rows do not have five messages")
+        return problems
+    records = rows.to_dict("records")
+    broken = [(r["id"], rule) for r in records for rule in row_violations(r)]
+    if broken:
+        problems.append(f"{len(broken)} text-rule violations, e.g. {broken[:3]}")
+    top, share = opening_share(prose(r["messages"][4]["content"]) for r in records)
+    print(f"most common explanation opening: {top!r} in {100 * share:.1f}% of rows")
+    if share > max_opening_share:
+        problems.append(f"{100 * share:.1f}% of explanations open with {top!r}, expected at most "
+                        f"{100 * max_opening_share:.0f}%")
+    runtime = semantic_share(Counter(rows["error_class"]))
+    print(f"{100 * runtime:.1f}% of pairs in wrong_output or runtime_error")
+    if runtime < min_runtime_share:
+        problems.append(f"{100 * runtime:.1f}% of pairs in runtime classes, expected at least "
+                        f"{100 * min_runtime_share:.0f}%")
     return problems
 
 
@@ -51,8 +72,11 @@ def main() -> int:
     p.add_argument("--min-classes", type=int, default=10)
     p.add_argument("--min-repairs", type=int, default=150)
     p.add_argument("--max-per-repair", type=int, default=3)
+    p.add_argument("--max-opening-share", type=float, default=0.1)
+    p.add_argument("--min-runtime-share", type=float, default=0.5)
     args = p.parse_args()
-    problems = check(args.folder, args.min_rows, args.min_classes, args.min_repairs, args.max_per_repair)
+    problems = check(args.folder, args.min_rows, args.min_classes, args.min_repairs, args.max_per_repair,
+                     args.max_opening_share, args.min_runtime_share)
     for problem in problems:
         print(f"check_dataset: {problem}", file=sys.stderr)
     return 1 if problems else 0

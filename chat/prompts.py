@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import types
 from functools import cache
 
@@ -151,8 +152,25 @@ def repair_messages(head: list[dict[str, str]], failing_answer: str, verdict: Ve
 
 def feedback(verdict: Verdict) -> str:
     """The evaluator's verdict as the model reads it, and what to do next."""
-    return (f"The evaluator rejected this kernel.\n\n{verdict.message}\n\n"
+    return (f"The evaluator rejected this kernel.\n\n{machine_free(verdict.message)}\n\n"
             "Explain what is wrong, then give the complete corrected module in one ```python block.")
+
+
+# A path into an installed package, up to the package: `/.../site-packages/jax/_src/x.py` -> `jax/_src/x.py`.
+_INSTALL_PREFIX = re.compile(r"(?:[A-Za-z]:)?[\\/](?:[^\s'\"()\\/]+[\\/])*?(?:site|dist)-packages[\\/]")
+# Any other absolute path on this machine: only its file name is kept.
+_LOCAL_PATH = re.compile(r"(?<![\w.>])/(?:[^\s'\"():/]+/)+([^\s'\"():/]+)")
+# The input seeds a case was graded on: they vary per run and teach nothing.
+_SEED = re.compile(r",? (?:input )?seeds? \d+(?:, \d+)*|\bseed=\d+,? ?")
+
+
+def machine_free(message: str) -> str:
+    """The evaluator's message without what belongs to this machine or this run: paths into the
+    installed packages become package-relative (`jax/_src/...`), other local paths keep their
+    file name, and seeds go. The verdict itself keeps everything."""
+    message = _INSTALL_PREFIX.sub("", message)
+    message = _LOCAL_PATH.sub(r"\1", message)
+    return _SEED.sub("", message)
 
 
 def code_block(source: str) -> str:

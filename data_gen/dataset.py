@@ -15,6 +15,8 @@ from typing import TypeVar
 
 from chat.prompts import describe_case
 from data_gen.fingerprint import fingerprint
+from data_gen.mix import mix_table, semantic_share
+from data_gen.text_rules import RULES, opening_share, prose, row_violations
 from tasks import get_task
 from tasks.spec import Task
 
@@ -143,6 +145,29 @@ class Diversity:
 
 
 @dataclass
+class RuleCounts:
+    """How many rows break each text rule, and how alike the explanations start."""
+
+    rows: int
+    broken: dict[str, int]
+    top_opening: str
+    top_opening_share: float
+
+    @classmethod
+    def of(cls, rows: list[dict]) -> "RuleCounts":
+        broken = Counter(rule for r in rows for rule in row_violations(r))
+        top, share = opening_share(prose(r["messages"][4]["content"]) for r in rows)
+        return cls(len(rows), {rule: broken[rule] for rule in RULES}, top, round(share, 4))
+
+    def table(self) -> str:
+        lines = ["| rule | rows breaking it |", "|---|---:|"]
+        lines += [f"| {rule} | {n} |" for rule, n in self.broken.items()]
+        lines.append(f"| most common opening (first 8 words, code and numbers masked): \"{self.top_opening}\" | "
+                     f"{100 * self.top_opening_share:.1f}% of {self.rows} rows |")
+        return "\n".join(lines)
+
+
+@dataclass
 class DatasetSummary:
     path: Path
     splits: dict[str, int]
@@ -151,6 +176,7 @@ class DatasetSummary:
     by_source: Counter
     by_origin: Counter
     diversity: Diversity
+    rules: RuleCounts
 
 
 def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fraction: float,
@@ -174,7 +200,7 @@ def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fractio
     summary = DatasetSummary(
         out_dir, {s: len(r) for s, r in splits.items()}, Counter(r["task"] for r in rows),
         Counter(r["error_class"] for r in rows), Counter(r["source"] for r in rows),
-        Counter(r["origin"] for r in rows), Diversity.of(rows))
+        Counter(r["origin"] for r in rows), Diversity.of(rows), RuleCounts.of(rows))
     _plot_error_classes(summary, out_dir / "error_classes.png")
     (out_dir / "README.md").write_text(dataset_card(summary, name, description, sorted(val)))
     return summary
@@ -263,6 +289,30 @@ ds = datasets.load_dataset("datasets/{name}")
 ![error classes](error_classes.png)
 
 {_table(summary.by_error_class, "error class")}
+
+{100 * semantic_share(summary.by_error_class):.1f}% of pairs are in the runtime classes (`wrong_output`,
+`runtime_error`): the failing kernel runs and gives wrong values or crashes, and the feedback
+does not name the fix.
+
+## The mix beside published ones
+
+Published one-shot failure mixes of model-written Pallas TPU kernels, in their categories, with
+our share of pairs for the operators that produce each (sources and caveats in
+`data_gen/mix.py`: JAXBench's EXPERIMENT.md at commit ebc95e6; MultiKernelBench, arXiv
+2507.17773, section 4.2). Real one-shot failures are mostly static (alignment, VMEM, API
+misuse); this dataset leans on runtime failures on purpose, because their feedback does not
+name the fix. Compound pairs (`compound`: two bugs, one repair) are counted in no row.
+
+{mix_table(summary.by_origin, summary.by_error_class)}
+
+## Explanation rules
+
+Every explanation is checked (`data_gen/text_rules.py`) and a pair that breaks a rule is not
+kept: no local path or seed in the feedback or the explanation, no evaluator stage names, no
+history verbs (became, was removed, no longer), no 8-word run copied from the feedback, no
+names of code the failing kernel does not contain.
+
+{summary.rules.table()}
 
 ## Sources
 

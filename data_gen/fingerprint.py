@@ -11,10 +11,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+from functools import lru_cache
 
 from evaluator.policy import parse_module
 
 
+@lru_cache(maxsize=8192)  # a dataset build asks for the same kernels many times
 def normalized(source: str) -> str:
     """Source with comments and layout normalized away (names and docstrings kept): what
     deduplication of failing kernels compares."""
@@ -58,6 +60,7 @@ def canonical(source: str) -> str:
     return ast.unparse(tree)
 
 
+@lru_cache(maxsize=8192)
 def fingerprint(source: str) -> str:
     """A short hash of `canonical(source)`: equal for kernels that differ only cosmetically."""
     return hashlib.sha256(canonical(source).encode()).hexdigest()[:16]

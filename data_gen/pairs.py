@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 
 from chat import prompts
 from data_gen.fingerprint import normalized
-from data_gen.mutations import Mutant, operator
 from evaluator.record import Verdict
 from tasks.spec import Task
 
@@ -65,30 +64,3 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
         case_split=failing.split, error_class=failing.status, failing_stage=failing.stage, source=source,
         origin=origin, context=context, messages=messages, failing_verdict=verdict_json(failing),
         repair_verdict=verdict_json(repaired), failing_code=failing_code, repair_code=repair_code)
-
-
-# --- explanations for injected bugs ----------------------------------------------------------------
-
-def observed(verdict: Verdict, limit: int = 420) -> str:
-    """What the evaluator saw, in its own words (the first sentences of its message)."""
-    message = verdict.message.split(": ", 1)[1] if verdict.message.startswith(verdict.status) else verdict.message
-    message = message.split("\n(at candidate.py")[0].strip()
-    if len(message) > limit:
-        cut = message[:limit]
-        message = cut[:cut.rfind(" ")] + " ..."
-    return f"The evaluator stopped at the `{verdict.stage}` stage with `{verdict.status}`: {message}"
-
-
-def explain_mutation(mutant: Mutant, verdict: Verdict) -> str:
-    """Explanation for an injected bug: the evaluator's evidence, the cause in this kernel, the fix.
-
-    Quotes the operator's facts about this very site (function, line, code) and the verdict's own
-    message, so each explanation is specific to its pair.
-    """
-    op = operator(mutant.operator)
-    facts = mutant.facts
-    parts = [observed(verdict), "Cause: " + op.what.format(**facts), "Fix: " + op.why_fix.format(**facts)]
-    line = facts.get("source_line", "")
-    if line and len(line) <= 160:
-        parts.append(f"The corrected line {facts['line']} reads `{line}`.")
-    return "\n\n".join(parts)

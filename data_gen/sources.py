@@ -10,7 +10,7 @@ import hashlib
 import json
 import random
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,16 +20,24 @@ from chat import prompts
 from chat.models import ChatModel
 from data_gen.dataset import round_robin
 from data_gen.fingerprint import fingerprint
-from data_gen.mutations import OPERATORS, BugOperator, Mutant, mutants, operator
-from data_gen.pairs import build_pair, explain_mutation
+from data_gen.explanations import explain
+from data_gen.mutations import OPERATORS, BugOperator, Mutant, compound_with, mutants, operator
+from data_gen.pairs import build_pair
+from data_gen.text_rules import row_violations
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.grader import Evaluator
 from evaluator.record import Verdict
+from evaluator.stages import STAGES
 from tasks import get_task
 from tasks.spec import Task
 
 SPLIT = "train"  # attempts are graded on train cases only: held-out cases never reach the data
 STATIC_STAGES = "estimate"  # the last stage that runs nothing (evaluator/stages.py: STAGES)
+STAGE_ORDER = {name: i for i, (name, _) in enumerate(STAGES)}
+# A task's budget: at most one mutant in SURFACE_SHARE may be a surface bug (its feedback names
+# the fix), at most one in STATIC_SHARE a static one (fails before running); semantic bugs
+# (wrong values, crashes) take the rest, and one compound bug per task when the budget allows.
+SURFACE_SHARE, STATIC_SHARE, COMPOUND_MIN_BUDGET = 12, 4, 6
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ def seed_for(key: str) -> int:
 
 
 class SeededGrading:
-    """The evaluator on the train split, with the verdict of each distinct repair kept.
+    """The evaluator on the train split, with the verdict of each distinct answer kept.
 
     One correct kernel repairs every mutant made from it. Its verdict is graded at most once per
     run, and usually never: the verdicts a run starts with (`known`) hold the fresh entries of
@@ -57,25 +65,38 @@ class SeededGrading:
         self.evaluator = evaluator
         self.run_seed = run_seed
         self._repairs: dict[str, Verdict] = dict(known or {})
-        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._verdicts: dict[tuple, Verdict] = {}
+        self._locks: dict[tuple, threading.Lock] = defaultdict(threading.Lock)
         self._guard = threading.Lock()
         self._on_new_repair = on_new_repair
 
     def grade(self, task: Task, answer: str, through: str | None = None) -> Verdict:
-        return self.evaluator.grade(task, answer, SPLIT, seed=seed_for(f"{self.run_seed}:{task.name}"),
-                                    through=through)
+        """A verdict per distinct answer: a compound's second bug is also graded as an item."""
+        return self._once(("attempt", task.name, answer, through), lambda: self.evaluator.grade(
+            task, answer, SPLIT, seed=seed_for(f"{self.run_seed}:{task.name}"), through=through))
 
     def grade_repair(self, task: Task, code: str) -> Verdict:
         key = repair_key(task.name, code)
+        if key in self._repairs:
+            return self._repairs[key]
+
+        def graded() -> Verdict:
+            verdict = self.grade(task, prompts.code_block(code))
+            self._repairs[key] = verdict
+            if self._on_new_repair is not None:
+                self._on_new_repair(key, verdict)
+            return verdict
+
+        return self._once(("repair", key), graded)
+
+    def _once(self, key: tuple, compute: Callable[[], Verdict]) -> Verdict:
+        """compute() once per key, even when many threads ask at once."""
         with self._guard:
             lock = self._locks[key]
-        with lock:  # one grading per repair even when many threads ask at once
-            if key not in self._repairs:
-                verdict = self.grade(task, prompts.code_block(code))
-                self._repairs[key] = verdict
-                if self._on_new_repair is not None:
-                    self._on_new_repair(key, verdict)
-            return self._repairs[key]
+        with lock:
+            if key not in self._verdicts:
+                self._verdicts[key] = compute()
+            return self._verdicts[key]
 
 
 def repair_key(task: str, code: str) -> str:
@@ -116,8 +137,10 @@ class MutationSource:
         """Up to max_per_task mutants per task, taken round-robin over its kernels so every kernel
         is a repair; each kernel starts at another place in the task's operator order, so a task
         gets the widest mix of bugs. Operators are in a seeded order within their priority, sites
-        within an operator in a seeded order."""
+        within an operator in a seeded order. The families' shares cap surface and static bugs,
+        and one mutant per task is a compound of two bugs."""
         priority = {op.name: op.priority for op in self.operators}
+        family = {op.name: op.family for op in self.operators}
         chosen = []
         for task in self.tasks:
             rng = random.Random(f"{self.seed}:{task.name}")
@@ -135,28 +158,71 @@ class MutationSource:
                 shift = index * stride % len(order) if order else 0
                 order = order[shift:] + order[:shift]
                 queues.append(round_robin([rng.sample(by_op[n], len(by_op[n])) for n in order], 0))
-            chosen.extend(round_robin(queues, self.max_per_task))
+            sequence = round_robin(queues, 0)
+            if self.max_per_task <= 0:
+                chosen.extend(sequence)
+                continue
+            compound = self.max_per_task >= COMPOUND_MIN_BUDGET and len(self.operators) == len(OPERATORS)
+            quota = {"surface": max(1, self.max_per_task // SURFACE_SHARE),
+                     "static": max(1, self.max_per_task // STATIC_SHARE)}
+            taken: list[Mutant] = []
+            counts: Counter[str] = Counter()
+            for mutant in sequence:
+                kind = family[mutant.operator]
+                if len(taken) + compound >= self.max_per_task:
+                    break
+                if counts[kind] < quota.get(kind, self.max_per_task):
+                    counts[kind] += 1
+                    taken.append(mutant)
+            if compound:  # its runtime bug is one of the task's own mutants, graded anyway
+                semantic = [m for m in taken if family[m.operator] == "semantic"]
+                second = rng.choice(semantic) if semantic else None
+                pair = second and compound_with(task, dict(kernels)[second.variant], second, rng)
+                taken += [pair] if pair else []
+            chosen.extend(taken)
         return chosen
+
+    def _first_failure(self, task: Task, mutant: Mutant, grader: SeededGrading) -> tuple[Mutant, Verdict]:
+        """Grade the mutant, then its larger fallbacks while it survives: the smallest that fails.
+        A static bug (a compound's first bug included) is graded through the static stages only."""
+        static = bool(mutant.parts) or operator(mutant.operator).static
+        for candidate in (mutant, *mutant.fallbacks):
+            verdict = grader.grade(task, candidate.answer(), through=STATIC_STAGES if static else None)
+            if not verdict.ok and verdict.status != "pending":
+                break
+        return candidate, verdict
 
     def process(self, mutant: Mutant, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(mutant.task)
-        static = operator(mutant.operator).static
-        failing = grader.grade(task, mutant.answer(), through=STATIC_STAGES if static else None)
         extra = {"line": mutant.line, "variant": mutant.variant}
+
+        def drop(verdict: Verdict, reason: str) -> dict[str, Any]:
+            return attempt_entry(mutant.id, task, self.name, mutant.operator, verdict, dropped=reason, **extra)
+
+        graded, failing = self._first_failure(task, mutant, grader)
         if failing.ok or failing.status == "pending":
-            where = "the static stages" if static else "the evaluator"
-            return attempt_entry(mutant.id, task, self.name, mutant.operator, failing,
-                                 dropped=f"survived: {where} found no fault", **extra)
+            static = failing.status == "pending"  # graded through the static stages only
+            return drop(failing, f"survived: {'the static stages' if static else 'the evaluator'} found no fault")
+        part_verdicts: tuple[Verdict, ...] = ()
+        if graded.parts:  # the second bug must fail by itself, and later than what was observed
+            alone = grader.grade(task, graded.parts[1].answer())
+            if alone.ok or STAGE_ORDER.get(alone.stage, 0) <= STAGE_ORDER.get(failing.stage, 0):
+                return drop(failing, "compound: the second bug is not seen behind the first")
+            part_verdicts = (failing, alone)
+        explanation = explain(graded, failing, part_verdicts)
+        if explanation is None:
+            return drop(failing, f"unexplained: {mutant.operator} observed as {failing.status}")
         repair = dict(self.kernels(task))[mutant.variant]
         repaired = grader.grade_repair(task, repair)
         if not repaired.ok:
-            return attempt_entry(mutant.id, task, self.name, mutant.operator, failing,
-                                 dropped=f"repair not confirmed: {repaired.status}", **extra)
+            return drop(failing, f"repair not confirmed: {repaired.status}")
         pair = build_pair(task, attempt_id=mutant.id, source=self.name, origin=mutant.operator,
                           context=prompt.context, generation=prompt.generation,
-                          failing_answer=mutant.answer(), failing_code=mutant.code, failing=failing,
-                          explanation=explain_mutation(mutant, failing), repair_code=repair,
-                          repaired=repaired)
+                          failing_answer=graded.answer(), failing_code=graded.code, failing=failing,
+                          explanation=explanation, repair_code=repair, repaired=repaired)
+        broken = row_violations(pair.to_dict())
+        if broken:
+            return drop(failing, f"text rules: {', '.join(broken)}")
         return attempt_entry(mutant.id, task, self.name, mutant.operator, failing, pair, **extra)
 
 

@@ -170,3 +170,16 @@ def test_a_killed_run_resumes_with_nothing_lost_or_repeated(tmp_path):
     assert done_before_kill <= set(ids)
     rows = [r for split in datasets.load_dataset(str(tmp_path / "datasets" / "killed")).values() for r in split]
     assert len(rows) == len({r["id"] for r in rows}) > 0
+
+
+def test_a_compound_pair_explains_both_bugs(small_run):
+    tmp, _ = small_run
+    compound = [e for e in journal_attempts(tmp / "runs" / "small" / "journal.jsonl") if e["origin"] == "compound"]
+    assert compound, "each task with a budget of 6 or more gets a compound bug"
+    kept = [e for e in compound if e["pair"]]
+    assert kept, [e["dropped"] for e in compound]
+    for entry in kept:
+        explanation = entry["pair"]["messages"][4]["content"].split("```")[0]
+        first, second = explanation.strip().split("\n\n")  # the bug observed, then the one behind it
+        assert entry["status"] in ("lowering_error", "compile_error", "import_error", "missing_feature")
+        assert first and second
