@@ -155,6 +155,7 @@ class RuleCounts:
 
     @classmethod
     def of(cls, rows: list[dict]) -> "RuleCounts":
+        rows = [r for r in rows if len(r["messages"]) == 5]
         broken = Counter(rule for r in rows for rule in row_violations(r))
         top, share = opening_share(prose(r["messages"][4]["content"]) for r in rows)
         return cls(len(rows), {rule: broken[rule] for rule in RULES}, top, round(share, 4))

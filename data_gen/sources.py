@@ -162,9 +162,12 @@ class MutationSource:
             if self.max_per_task <= 0:
                 chosen.extend(sequence)
                 continue
-            compound = self.max_per_task >= COMPOUND_MIN_BUDGET and len(self.operators) == len(OPERATORS)
+            # the families' shares and the compound shape the default mix; an --operator
+            # selection asks for those bugs alone
+            every = len(self.operators) == len(OPERATORS)
+            compound = every and self.max_per_task >= COMPOUND_MIN_BUDGET
             quota = {"surface": max(1, self.max_per_task // SURFACE_SHARE),
-                     "static": max(1, self.max_per_task // STATIC_SHARE)}
+                     "static": max(1, self.max_per_task // STATIC_SHARE)} if every else {}
             taken: list[Mutant] = []
             counts: Counter[str] = Counter()
             for mutant in sequence:

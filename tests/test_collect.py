@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 import datasets
+from chat.prompts import machine_free
 from data_gen.collect import main
 from data_gen.dataset import check_clean
 from data_gen.fingerprint import fingerprint
 from data_gen.pool import DEFAULT_POOL, POOL_FILE, load_pool, pool_variants
 from data_gen.sources import MutationSource, repair_key
+from data_gen.text_rules import row_violations
 from tasks import get_task
 
 ROOT = Path(__file__).parent.parent
@@ -48,7 +50,8 @@ def test_dataset_loads_with_five_verified_messages(small_run):
         assert failing["status"] == row["error_class"] != "correct"
         assert repaired["status"] == "correct" and repaired["split"] == failing["split"] == "train"
         assert row["repair_code"].strip() in row["messages"][4]["content"]
-        assert failing["message"] in row["messages"][3]["content"]
+        assert machine_free(failing["message"]) in row["messages"][3]["content"]  # the verdict keeps seeds
+        assert row_violations(row) == []
         check_clean(row)
     assert len({r["error_class"] for r in rows}) >= 4
     assert len({r["id"] for r in rows}) == len(rows)

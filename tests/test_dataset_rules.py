@@ -53,7 +53,7 @@ def test_eight_words_copied_from_the_feedback_count_as_a_copy():
 def test_library_names_case_sizes_and_api_keywords_are_not_unknown_names():
     text = ("`jnp.where(mask, s, -jnp.inf)` at `b=2, s=300, float32`; pass `compiler_params=` and "
             "`pltpu.VMEM((8, 128), jnp.float32)`.")
-    assert unknown_names(text, "def k(s_ref, mask):\n    pass\n") == []
+    assert unknown_names(text, "def k(s_ref, mask):\n    s = s_ref[...]\n") == []
     assert unknown_names("call `_helper(x)`", "def k(x):\n    pass\n") == ["_helper"]
 
 
@@ -68,7 +68,8 @@ def test_feedback_has_no_local_paths_or_seeds_and_the_verdict_keeps_them():
     message = ("import_error: cannot import name 'tpu_ops' from 'jax.experimental.pallas' "
                "(/home/u/proj/.venv/lib/python3.11/site-packages/jax/experimental/pallas/__init__.py); "
                "wrong values on case c (m=8), seed 856999647: 3 of 4 cases failed")
-    verdict = Verdict(task="matmul", task_version=1, status="import_error", stage="load", message=message)
+    verdict = Verdict(task="matmul", task_version=1, status="import_error", stage="load", message=message,
+                      backend="tpu-interpret", split="train")
     text = feedback(verdict)
     assert "(jax/experimental/pallas/__init__.py)" in text
     assert "site-packages" not in text and "/home/u" not in text and "856999647" not in text
