@@ -281,8 +281,8 @@ _STORIES: dict[str, Story] = {
             "{full_rank}: one leading dim is missing from the block and from its index map.",
             "`{shape}` at line {line} describes a {rank}-d block, but the array it tiles has {full_rank} dims; "
             "a block shape needs one entry per array dim.",
-            "Line {line}'s BlockSpec forgets the leading axis: its block shape and index map have {rank} "
-            "entries where the operand has {full_rank}.")},
+            "Line {line}'s BlockSpec forgets the leading axis: its block shape and index map describe {rank} "
+            "dims of an operand that has {full_rank}.")},
         ("Give the block one entry per array dim (use `None` or 1 for an axis taken one at a time) and "
          "return an index for every dim from the index map.",
          "Add the leading dim back to both the block shape and the index map's result."),

@@ -967,7 +967,7 @@ def _parses(mutant: Mutant) -> bool:
     if mutant.operator == "truncated_answer":
         return True
     try:
-        ast.parse(mutant.source)
+        parse_module(mutant.source)
     except SyntaxError:
         return False
     return True
