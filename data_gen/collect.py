@@ -213,9 +213,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _description(args: argparse.Namespace) -> str:
     if args.source == "mutation":
-        how = ("Failing kernels are the task solutions with one realistic bug injected by an AST bug operator; "
-               "the repair is the verified solution, and the explanation quotes the evaluator's feedback and "
-               "the changed code.")
+        how = ("Failing kernels are verified correct kernels (task solutions and variant-pool kernels) with one "
+               "realistic bug injected by an AST bug operator, or two at once; the repair is the kernel the bug "
+               "went into, and the explanation describes the failing kernel as the evaluator saw it fail.")
     elif args.source == "model":
         how = (f"Failing kernels were written by `{args.model}`; repairs and explanations by "
                f"`{args.teacher or args.model}` from the evaluator's feedback (up to {args.max_turns} turns).")

@@ -228,24 +228,22 @@ class SourceModule:
 
     def _kernel_names(self) -> set[str]:
         """Functions passed to pl.pallas_call, directly or through functools.partial."""
-        partials = {}
-        for node in self.nodes(ast.Assign):
-            if isinstance(node.value, ast.Call) and _dotted(node.value.func) == "functools.partial":
-                for target in node.targets:
-                    if isinstance(target, ast.Name) and node.value.args:
-                        partials[target.id] = node.value.args[0]
-        names = set()
-        for call in self.calls("pl.pallas_call"):
-            if not call.args:
-                continue
-            first = call.args[0]
-            if isinstance(first, ast.Name) and first.id in partials:
-                first = partials[first.id]
-            if isinstance(first, ast.Call) and _dotted(first.func) == "functools.partial" and first.args:
-                first = first.args[0]
-            if isinstance(first, ast.Name):
-                names.add(first.id)
-        return names
+        return {name for call in self.calls("pl.pallas_call") if (name := self.kernel_of(call))}
+
+    def kernel_of(self, call: ast.Call) -> str | None:
+        """The name of the kernel function a pallas_call runs, through functools.partial."""
+        if not call.args:
+            return None
+        first = call.args[0]
+        if isinstance(first, ast.Name):
+            for node in self.nodes(ast.Assign):
+                if (isinstance(node.value, ast.Call) and _dotted(node.value.func) == "functools.partial"
+                        and node.value.args and any(isinstance(t, ast.Name) and t.id == first.id
+                                                    for t in node.targets)):
+                    first = node.value.args[0]
+        if isinstance(first, ast.Call) and _dotted(first.func) == "functools.partial" and first.args:
+            first = first.args[0]
+        return first.id if isinstance(first, ast.Name) else None
 
 
 def _comments(source: str) -> list[tokenize.TokenInfo]:
@@ -707,7 +705,7 @@ def find_program_id_branch(m: SourceModule) -> list[Site]:
     sites = []
     for func, cond in _when_blocks(m):
         if len(func.decorator_list) != 1 or any(isinstance(n, ast.Name) and n.id == func.name
-                                                for n in ast.walk(m.tree)):
+                                                for n in m.all_nodes):
             continue
         dec = func.decorator_list[0]
         indent = m.lines[dec.lineno - 1][:dec.col_offset - 1]
@@ -787,7 +785,7 @@ def find_whole_array_block(m: SourceModule) -> list[Site]:
         keywords = [_pallas_keyword(call, k) for k in ("grid", "in_specs", "out_specs")]
         if None in keywords or _pallas_keyword(call, "scratch_shapes") or _pallas_keyword(call, "grid_spec"):
             continue
-        kernel = next(iter(m.kernel_names), None)
+        kernel = m.kernel_of(call)  # this call's kernel (a set's order would vary between runs)
         body = next((f for f in m.nodes(ast.FunctionDef) if f.name == kernel), None)
         if body is None or "program_id" in m.text(body) or "num_programs" in m.text(body):
             continue

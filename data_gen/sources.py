@@ -64,8 +64,8 @@ class SeededGrading:
                  on_new_repair: Callable[[str, Verdict], None] | None = None):
         self.evaluator = evaluator
         self.run_seed = run_seed
-        self._repairs: dict[str, Verdict] = dict(known or {})
-        self._verdicts: dict[tuple, Verdict] = {}
+        # one verdict per ("attempt", task, answer, through) or ("repair", repair_key)
+        self._verdicts: dict[tuple, Verdict] = {("repair", key): v for key, v in (known or {}).items()}
         self._locks: dict[tuple, threading.Lock] = defaultdict(threading.Lock)
         self._guard = threading.Lock()
         self._on_new_repair = on_new_repair
@@ -77,12 +77,9 @@ class SeededGrading:
 
     def grade_repair(self, task: Task, code: str) -> Verdict:
         key = repair_key(task.name, code)
-        if key in self._repairs:
-            return self._repairs[key]
 
         def graded() -> Verdict:
             verdict = self.grade(task, prompts.code_block(code))
-            self._repairs[key] = verdict
             if self._on_new_repair is not None:
                 self._on_new_repair(key, verdict)
             return verdict

@@ -161,3 +161,17 @@ def test_stop_at_first_failure_confirms_a_failure_with_one_case():
         verdict = quick.grade("matmul", bug.answer(), "train", seed=0)
     assert verdict.status == "wrong_output" and len(verdict.cases) == 1
     assert len(get_task("matmul").select("train", "check")) > 1
+
+
+def test_work_items_do_not_depend_on_the_hash_seed():
+    """A resumed run must see the same items: nothing may follow a set's (per-process) order."""
+    import subprocess
+    import sys
+
+    script = ("from data_gen.sources import MutationSource; from data_gen.pool import load_pool, pool_variants; "
+              "from tasks import get_task; names = ['log_softmax', 'softmax']; "
+              "v = pool_variants([e for e in load_pool() if e.task in names]); "
+              "print([m.id for m in MutationSource([get_task(n) for n in names], 12, 0, variants=v).items()])")
+    runs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(runs) == 1
