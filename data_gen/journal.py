@@ -21,7 +21,8 @@ class JournalMismatch(ValueError):
 
 
 class Journal:
-    def __init__(self, path: Path, settings: dict[str, Any]):
+    def __init__(self, path: Path, settings: dict[str, Any], new_run_option: str = "--name"):
+        """`new_run_option`: the command's option that starts a run elsewhere (said in the refusal)."""
         self.path = path
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,7 +33,7 @@ class Journal:
                                  if settings.get(k) != entries[0]["settings"].get(k))
                 raise JournalMismatch(
                     f"{path} was written with other settings ({', '.join(changed)} differ); pass the same "
-                    "arguments to resume, --name for a new run, or --fresh to start this one over")
+                    f"arguments to resume, {new_run_option} for a new run, or --fresh to start this one over")
         else:
             self._write({"kind": "run", "settings": settings}, truncate=True)
         self._end_partial_line()

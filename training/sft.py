@@ -28,15 +28,28 @@ class FixitScriptArguments:
     dataset_train_split: str = field(default="train", metadata={"help": "split to train on"})
     dataset_test_split: str = field(default="validation", metadata={
         "help": "split to evaluate on (its tasks are unseen in train); used when eval_strategy is not 'no'"})
+    dataset_tasks: list[str] | None = field(default=None, metadata={
+        "help": "train (and evaluate) only on the rows of these tasks; default: every row"})
+    dataset_ids: list[str] | None = field(default=None, metadata={
+        "help": "train (and evaluate) only on the rows with these `id`s, e.g. rows sharing one repair "
+                "kernel; default: every row"})
     build_tiny_model: bool = field(default=False, metadata={
         "help": "if model_name_or_path does not exist, build a tiny random model and an offline-trained "
                 "tokenizer there (smoke runs only)"})
+    tiny_hidden_size: int = field(default=64, metadata={
+        "help": "hidden size of the model build_tiny_model builds (MLP width is 4x)"})
+    tiny_num_layers: int = field(default=2, metadata={"help": "decoder layers of the tiny model"})
+    tiny_num_heads: int = field(default=4, metadata={"help": "attention heads of the tiny model"})
     merge_adapter: bool = field(default=False, metadata={
         "help": "also save the base model with the LoRA adapter merged in, under <output_dir>/merged"})
 
 
 class ModelNotAvailable(RuntimeError):
     """The model is neither a local directory nor cached nor reachable: fail before any work."""
+
+
+class NoTrainingRows(RuntimeError):
+    """dataset_tasks / dataset_ids left no row to train on."""
 
 
 def require_model(name: str, timeout_s: float = 5.0) -> None:
@@ -70,8 +83,10 @@ def to_prompt_completion(row: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": messages[:-1], "completion": messages[-1:]}
 
 
-def load_fixit(path: str, splits: list[str]):
-    """The dataset's splits as prompt/completion datasets (missing splits are None)."""
+def load_fixit(path: str, splits: list[str], *, tasks: list[str] | None = None,
+               ids: list[str] | None = None):
+    """The dataset's splits as prompt/completion datasets (missing splits are None), keeping only
+    the rows of `tasks` and with `ids` when those are given."""
     import datasets
 
     if not Path(path).is_dir():
@@ -82,7 +97,12 @@ def load_fixit(path: str, splits: list[str]):
         if split not in ds:
             out.append(None)
             continue
-        out.append(ds[split].map(to_prompt_completion, remove_columns=ds[split].column_names))
+        rows = ds[split]
+        if tasks is not None:
+            rows = rows.filter(lambda row: row["task"] in set(tasks))
+        if ids is not None:
+            rows = rows.filter(lambda row: row["id"] in set(ids))
+        out.append(rows.map(to_prompt_completion, remove_columns=rows.column_names))
     return out
 
 
@@ -103,12 +123,18 @@ def build_trainer(script_args: FixitScriptArguments, training_args: Any, model_a
     if not name:
         raise ModelNotAvailable("no model: set model_name_or_path in the config or on the command line")
     if script_args.build_tiny_model and not Path(name).exists():
-        build_tiny_model(Path(name), dataset_texts(script_args.dataset_path))
+        build_tiny_model(Path(name), dataset_texts(script_args.dataset_path),
+                         hidden=script_args.tiny_hidden_size, layers=script_args.tiny_num_layers,
+                         heads=script_args.tiny_num_heads)
     require_model(name)
     train, evaluation = load_fixit(script_args.dataset_path,
-                                   [script_args.dataset_train_split, script_args.dataset_test_split])
+                                   [script_args.dataset_train_split, script_args.dataset_test_split],
+                                   tasks=script_args.dataset_tasks, ids=script_args.dataset_ids)
     if train is None:
         raise FileNotFoundError(f"{script_args.dataset_path} has no split {script_args.dataset_train_split!r}")
+    if len(train) == 0:
+        raise NoTrainingRows(f"no row of split {script_args.dataset_train_split!r} in {script_args.dataset_path} "
+                         "matches dataset_tasks / dataset_ids")
     training_args.model_init_kwargs = {**(training_args.model_init_kwargs or {}),
                                        "dtype": model_args.dtype, "revision": model_args.model_revision,
                                        "attn_implementation": model_args.attn_implementation}
@@ -167,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc)
     try:
         summary = train(script_args, training_args, model_args)
-    except (ModelNotAvailable, FileNotFoundError) as exc:
+    except (ModelNotAvailable, NoTrainingRows, FileNotFoundError) as exc:
         return _fail(exc)
     final = summary.get("train_loss", [])[-1:] or [("-", "-")]
     print(f"saved to {training_args.output_dir} (steps {summary.get('steps')}, last train loss {final[0][1]})")
