@@ -24,7 +24,6 @@ import sys
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from datetime import datetime, timezone
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +31,11 @@ from typing import Any
 from data_gen.journal import Journal, JournalMismatch
 from evaluator.record import Verdict
 from training.rebench_report import (
-    REPORT_FORMAT,
-    REPORT_FORMAT_VERSION,
     Sample,
     Turn,
     markdown,
     plot_turns,
+    report_document,
     summarize,
     turn_curves,
 )
@@ -222,7 +220,13 @@ def report_settings(args: argparse.Namespace, evaluator: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from evaluator.grader import Evaluator
 
@@ -258,9 +262,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = summarize(samples, args.k, args.turns, args.fast_p)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "samples.jsonl").write_text("".join(json.dumps(s.record()) + "\n" for s in samples))
-    report = {"format": REPORT_FORMAT, "format_version": REPORT_FORMAT_VERSION,
-              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "settings": settings, "models": [asdict(s) for s in specs], "results": results}
+    report = report_document(settings, [asdict(s) for s in specs], results)
     (args.out / "report.json").write_text(json.dumps(report, indent=2))
     tables = markdown(results, args.k, args.turns)
     (args.out / "report.md").write_text(f"# Re-benchmark ({', '.join(args.splits)} split, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,14 @@ def summarize(samples: list[Sample], ks: list[int], turns: int, p: float) -> dic
     return dict(results)
 
 
+def report_document(settings: dict[str, Any], models: list[dict[str, Any]], results: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """report.json as written (docs/report-format.md)."""
+    return {"format": REPORT_FORMAT, "format_version": REPORT_FORMAT_VERSION,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "settings": settings, "models": models, "results": results}
+
+
 # --- tables -------------------------------------------------------------------------------------
 
 def pct(value: float | None) -> str:
@@ -177,10 +186,11 @@ def plot_turns(panels: dict[str, dict[str, list[float]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(panels), figsize=(0.6 + 3.6 * len(panels), 3.4), squeeze=False,
                              sharey=True)
+    models = list(dict.fromkeys(m for curves in panels.values() for m in curves))  # one color per model
     for ax, (title, curves) in zip(axes[0], panels.items()):
         for model, values in curves.items():
             turns = range(1, len(values) + 1)
-            ax.plot(turns, [100 * v for v in values], marker="o", label=model)
+            ax.plot(turns, [100 * v for v in values], marker="o", label=model, color=f"C{models.index(model) % 10}")
         longest = max(len(v) for v in curves.values())
         ax.set_xticks(range(1, longest + 1))
         ax.set_xlabel("turns (answers)")
@@ -188,7 +198,8 @@ def plot_turns(panels: dict[str, dict[str, list[float]]], path: Path) -> None:
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("pass@1 within t turns (%)")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1 - 0.9 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
