@@ -32,6 +32,7 @@ from data_gen.sources import (
     ReplaySource,
     SeededGrading,
 )
+from evaluator.cli import add_scale_options, scale_kwargs
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
@@ -55,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", choices=CONTEXTS, default="none", help="hardware context in the system prompt")
     p.add_argument("--generation", choices=sorted(GENERATIONS), default=DEFAULT_GENERATION)
     p.add_argument("--workers", type=int, default=2, help="evaluator worker processes")
+    add_scale_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=1, help="input seeds per case when grading (one failing "
                    "seed confirms a failure; a repair must pass every case on each)")
@@ -166,7 +168,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     known = {e["key"]: Verdict.from_dict(e["verdict"]) for e in journal.entries if e.get("kind") == "repair"}
     prompt = PromptSettings(args.context, args.generation)
     threads = args.workers if args.source == "mutation" else max(args.workers, args.concurrency)
-    with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True) as evaluator:
+    with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True,
+                   **scale_kwargs(args)) as evaluator:
         if args.source == "mutation":
             fresh, stale = fresh_verdicts(pool, evaluator.backend.name)
             known = {**fresh, **known}

@@ -18,8 +18,6 @@ stale and new candidates only; `collect` re-verifies a stale entry before using 
 from __future__ import annotations
 
 import argparse
-import ast
-import functools
 import hashlib
 import json
 import sys
@@ -31,6 +29,7 @@ from typing import Any
 
 from data_gen.fingerprint import fingerprint
 from data_gen.variants import Candidate, candidates
+from evaluator.digest import evaluator_digest, task_digest
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
 from tasks.spec import Task
@@ -74,46 +73,10 @@ def grading_settings(backend: str) -> dict[str, Any]:
     return {"split": SPLIT, "backend": backend, "n_seeds": 1}
 
 
-@functools.lru_cache(maxsize=1)
-def evaluator_digest() -> str:
-    """Hash of the evaluator's code and the jax it grades with."""
-    import jax
-
-    h = hashlib.sha256(f"jax {jax.__version__}\n".encode())
-    for path in sorted((ROOT / "evaluator").rglob("*.py")):
-        h.update(f"{path.relative_to(ROOT)}\n".encode() + path.read_bytes())
-    return h.hexdigest()
-
-
-def task_files(task: Task) -> list[Path]:
-    """task.py and every `tasks` module it imports, transitively (spec, references, the tasks
-    it builds on): the files that decide its cases, inputs, reference and tolerances."""
-    start = task.solution_path.parent / "task.py"
-    seen: dict[Path, None] = {}
-    todo = [start]
-    while todo:
-        path = todo.pop()
-        if path in seen or not path.is_file():
-            continue
-        seen[path] = None
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tasks":
-                todo.append(_module_path(node.module))
-            elif isinstance(node, ast.Import):
-                todo += [_module_path(a.name) for a in node.names if a.name.split(".")[0] == "tasks"]
-    return sorted(seen)
-
-
-def _module_path(module: str) -> Path:
-    base = ROOT.joinpath(*module.split("."))
-    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
-
-
 def inputs_hash(task: Task, source: str, backend: str) -> str:
     """The content hash that keys a pool entry (see the module docstring)."""
     h = hashlib.sha256(source.encode())
-    for path in task_files(task):
-        h.update(f"\0{path.relative_to(ROOT)}\0".encode() + path.read_bytes())
+    h.update(task_digest(task).encode())
     h.update(evaluator_digest().encode())
     h.update(json.dumps(grading_settings(backend), sort_keys=True).encode())
     return h.hexdigest()[:24]

@@ -105,6 +105,22 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact-dots", action="store_true",
                    help="interpret mode: compute f32 dots in kernels exactly, not as a TPU does "
                         "at default precision (one bf16 pass)")
+    add_scale_options(p)
+
+
+def add_scale_options(p: argparse.ArgumentParser) -> None:
+    """--ray and --cache: the same two options on every command that grades many candidates."""
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="grade on a Ray cluster: auto, ray://HOST:10001, or local (a private one); "
+                        "--workers becomes the number of actors. Needs pip install -e '.[ray]'")
+    p.add_argument("--cache", metavar="DIR", type=Path, default=None,
+                   help="verdict cache folder: a candidate graded before with the same settings is not "
+                        "graded again (its verdict comes back marked cached)")
+
+
+def scale_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """Evaluator keyword arguments for --ray and --cache."""
+    return {"executor": "ray" if args.ray else "local", "address": args.ray, "cache": args.cache}
 
 
 def _evaluator(args: argparse.Namespace, workers: int = 1):
@@ -114,7 +130,7 @@ def _evaluator(args: argparse.Namespace, workers: int = 1):
     limits = Limits() if args.timeout is None else Limits(step_timeout_s=args.timeout)
     try:
         return Evaluator(backend=args.backend, workers=workers, limits=limits, generation=args.tpu,
-                         tpu_numerics=not args.exact_dots)
+                         tpu_numerics=not args.exact_dots, **scale_kwargs(args))
     except ValueError as exc:  # e.g. tpu-compile without libtpu installed
         raise UsageError(str(exc)) from None
 

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
+import socket
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 from evaluator.backends import default_backend, get_backend
+from evaluator.cache import VerdictCache, cache_key
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.protocol import Reset
 from evaluator.record import StageTiming, Verdict
@@ -42,7 +46,13 @@ class Evaluator:
     def __init__(self, backend: str | None = None, workers: int = 1, limits: Limits = Limits(),
                  generation: str = DEFAULT_GENERATION, n_seeds: int = 2,
                  pool: WorkerPool | None = None, stop_at_first_failure: bool = False,
-                 tpu_numerics: bool = True):
+                 tpu_numerics: bool = True, executor: str = "local", address: str | None = None,
+                 cache: str | Path | VerdictCache | None = None):
+        """`executor="ray"`: grade on `workers` Ray actors of the cluster at `address` ("auto",
+        "ray://host:10001", or "local" for a private one) instead of local worker processes.
+        `cache`: a folder (or VerdictCache) of verdicts already reached, looked up first."""
+        if executor not in ("local", "ray"):
+            raise ValueError(f"unknown executor {executor!r}; choose local or ray")
         self.backend = get_backend(backend or default_backend())
         if generation not in GENERATIONS:
             raise ValueError(f"unknown TPU generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
@@ -53,10 +63,20 @@ class Evaluator:
         # Interpret mode computes a kernel's f32 dots as a TPU does (one bf16 pass) unless
         # turned off; on a real TPU the chip decides (evaluator/program.py, tpu_dot_numerics).
         self.tpu_numerics = tpu_numerics
-        # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
-        self.pool = pool or WorkerPool(self.backend, size=workers, limits=limits)
-        self.references = ReferenceCache()
+        self.limits = limits
         self.workers = workers
+        self.cache = VerdictCache(cache) if isinstance(cache, (str, Path)) else cache
+        self.remote = None
+        if executor == "ray":
+            from evaluator.remote import RayExecutor
+
+            options = {"backend": self.backend.name, "workers": 1, "limits": limits, "generation": generation,
+                       "n_seeds": n_seeds, "stop_at_first_failure": stop_at_first_failure,
+                       "tpu_numerics": tpu_numerics}
+            self.remote = RayExecutor(address, workers, options, self.backend.name)
+        # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
+        self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else workers, limits=limits)
+        self.references = ReferenceCache()
 
     @property
     def numerics(self) -> str:
@@ -74,6 +94,32 @@ class Evaluator:
         task = get_task(task) if isinstance(task, str) else task
         task.select(split)  # validates the split name
         stages = _stages_through(through)
+        key = None
+        if self.cache is not None:
+            key = cache_key(task, answer, self.cache_settings(split, seed, through))
+            if (hit := self.cache.get(key)) is not None:
+                return hit
+        if self.remote is not None:
+            verdict = self.remote.grade(task.name, answer, split, seed, through)
+        else:
+            verdict = self._grade_here(task, answer, split, seed, stages, through)
+        if key is not None:
+            self.cache.put(key, verdict)
+        return verdict
+
+    def cache_settings(self, split: str, seed: int | None, through: str | None) -> dict[str, object]:
+        """Everything besides code, task and evaluator that decides a verdict (evaluator/cache.py)."""
+        settings: dict[str, object] = {
+            "split": split, "backend": self.backend.name, "generation": self.generation.name,
+            "numerics": self.numerics, "n_seeds": self.n_seeds, "stop_at_first_failure": self.stop_at_first_failure,
+            "through": through, "seed": "fresh" if seed is None else seed,
+            "step_timeout_s": self.limits.step_timeout_s}
+        if self.backend.times_kernels:   # timings hold for the device they were measured on
+            settings["device"] = os.environ.get("TPU_ACCELERATOR_TYPE") or f"host {socket.gethostname()}"
+        return settings
+
+    def _grade_here(self, task: Task, answer: str, split: str, seed: int | None,
+                    stages: tuple[tuple[str, Stage], ...], through: str | None) -> Verdict:
         start = time.perf_counter()
         verdict = Verdict(task=task.name, task_version=task.version, status="pending", message="",
                           backend=self.backend.name, split=split, stage="",
@@ -154,9 +200,12 @@ class Evaluator:
             return list(ex.map(one, jobs))
 
     def warm_up(self) -> None:
-        self.pool.warm_up()
+        if self.remote is None:
+            self.pool.warm_up()
 
     def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         self.pool.close()
 
     def __enter__(self) -> "Evaluator":

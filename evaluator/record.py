@@ -75,6 +75,7 @@ class Verdict:
     versions: dict[str, str] = field(default_factory=dict)
     candidate_sha256: str = ""
     wall_s: float = 0.0
+    cached: bool = False  # read back from the verdict cache (evaluator/cache.py), not graded now
 
     @property
     def ok(self) -> bool:

@@ -13,10 +13,10 @@ from data_gen.pool import (
     load_pool,
     main,
     stale_entries,
-    task_files,
 )
 from data_gen.variants import candidates, strip_comments
 from evaluator.backends import default_backend
+from evaluator.digest import task_files
 from tasks import all_tasks, get_task
 
 TRAIN_TASKS = [t for t in all_tasks() if not t.heldout_task]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.journal import Journal, JournalMismatch
+from evaluator.cli import add_scale_options, scale_kwargs
 from evaluator.record import Verdict
 from training.rebench_report import (
     Sample,
@@ -183,7 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="evaluator backend (default: tpu on a TPU host, else tpu-interpret)")
     p.add_argument("--tpu", choices=tuple(GENERATIONS), default=DEFAULT_GENERATION,
                    help="TPU generation for the prompt's context, VMEM budget and compiler")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="evaluator worker processes (Ray actors with --ray)")
+    add_scale_options(p)
     p.add_argument("--concurrency", type=int, default=8, help="conversations in flight")
     p.add_argument("--out", type=Path, default=Path("runs/rebench"))
     p.add_argument("--fresh", action="store_true", help="discard the journal in --out and start over")
@@ -208,7 +210,7 @@ def report_settings(args: argparse.Namespace, evaluator: Any) -> dict[str, Any]:
     """The settings a report (and a leaderboard row) was measured with."""
     import jax
 
-    from data_gen.pool import evaluator_digest
+    from evaluator.digest import evaluator_digest
     from evaluator.grader import EVALUATOR_VERSION
 
     return {"samples": args.samples, "k": args.k, "turns": args.turns, "fast_p": args.fast_p,
@@ -237,7 +239,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     conversations = [Conversation(spec.label, split, task, group, i) for spec in specs for split in args.splits
                      for task, group in benchmark_tasks(split, args.tasks) for i in range(args.samples)]
     journal_path = args.out / "journal.jsonl"
-    with Evaluator(backend=args.backend, workers=args.workers, generation=args.tpu) as evaluator:
+    with Evaluator(backend=args.backend, workers=args.workers, generation=args.tpu,
+                   **scale_kwargs(args)) as evaluator:
         if args.fresh and journal_path.exists():
             journal_path.unlink()
         journal = Journal(journal_path, settings_of(args, specs, evaluator.backend.name), new_run_option="--out")
