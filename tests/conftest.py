@@ -9,6 +9,7 @@ os.environ.setdefault("PALLAS_EVAL_ASSUME_NO_TPU", "1")  # tests pin the tpu-int
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # with libtpu installed, jax would probe for a TPU
 
 TESTS = Path(__file__).parent
+ROOT = TESTS.parent
 CANDIDATES = TESTS / "candidates"
 HONEST = TESTS / "honest"
 

@@ -129,7 +129,7 @@ def markdown(results: dict[str, Any], ks: list[int], turns: int) -> str:
     """Per split: pass@1 within each turn per task, then every pass@k per group and level."""
     models = list(results)
     out = []
-    for split in sorted({s for m in models for s in results[m]}):
+    for split in sorted({s for m in models for s in results[m]}, key=lambda s: s != "train"):
         out.append(f"## {split} split\n")
         head = [f"{m} {'t' if t == 1 else '<=t'}{t}" for m in models for t in range(1, turns + 1)]
         out.append("pass@1 within t turns\n")

@@ -2,6 +2,7 @@
 
     python -m training.sft --config fixit.yaml                     # the real recipe (GPUs)
     python -m training.sft --config configs/fixit-tiny.yaml        # offline smoke run on a CPU
+    python -m training.sft --config configs/lift-tiny.yaml         # CPU lift check: memorise one repair
     python -m training.sft --config fixit.yaml --learning_rate 5e-5 --num_train_epochs 2
     accelerate launch --num_processes 8 -m training.sft --config fixit.yaml
 
@@ -9,7 +10,8 @@ Configuration is TRL's own: `TrlParser` over our script arguments, `SFTConfig` a
 The YAML gives defaults and the command line overrides them; an unknown key is an error. Each
 Fixit row becomes a prompt (system, task, failing kernel, feedback) and a completion (the
 explanation and the fix), so the loss covers only the last assistant message, end-of-turn
-token included, and the model learns to stop.
+token included, and the model learns to stop. `dataset_tasks` and `dataset_ids` keep only some
+rows (e.g. the rows that share one repair kernel); by default every row of the split is used.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ class FixitScriptArguments:
         "help": "hidden size of the model build_tiny_model builds (MLP width is 4x)"})
     tiny_num_layers: int = field(default=2, metadata={"help": "decoder layers of the tiny model"})
     tiny_num_heads: int = field(default=4, metadata={"help": "attention heads of the tiny model"})
+    tiny_sliding_window: int | None = field(default=None, metadata={
+        "help": "if set, the tiny model attends only to this many most recent tokens (a Mistral-style "
+                "sliding window): its answers then depend on the prompt's last few tokens only"})
     merge_adapter: bool = field(default=False, metadata={
         "help": "also save the base model with the LoRA adapter merged in, under <output_dir>/merged"})
 
@@ -125,7 +130,7 @@ def build_trainer(script_args: FixitScriptArguments, training_args: Any, model_a
     if script_args.build_tiny_model and not Path(name).exists():
         build_tiny_model(Path(name), dataset_texts(script_args.dataset_path),
                          hidden=script_args.tiny_hidden_size, layers=script_args.tiny_num_layers,
-                         heads=script_args.tiny_num_heads)
+                         heads=script_args.tiny_num_heads, sliding_window=script_args.tiny_sliding_window)
     require_model(name)
     train, evaluation = load_fixit(script_args.dataset_path,
                                    [script_args.dataset_train_split, script_args.dataset_test_split],

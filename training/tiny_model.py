@@ -41,21 +41,30 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000):
 
 
 def build_tiny_model(out: Path, texts: Iterable[str], *, vocab_size: int = 2000, hidden: int = 64,
-                     layers: int = 2, heads: int = 4, seed: int = 0) -> Path:
-    """Write a random LlamaForCausalLM and its tokenizer to `out`; returns `out`."""
+                     layers: int = 2, heads: int = 4, seed: int = 0, sliding_window: int | None = None) -> Path:
+    """Write a random LlamaForCausalLM and its tokenizer to `out`; returns `out`.
+
+    With `sliding_window`, the model is a MistralForCausalLM instead (Llama's architecture, but each
+    token attends only to the last `sliding_window` tokens): what it learns then depends only on
+    local context, so a memorised answer does not hinge on the details of a long prompt.
+    """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     tokenizer = train_tokenizer(texts, vocab_size)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, tie_word_embeddings=True,
-                         # large enough that logits can be sharp: with the default 0.02, a frozen
-                         # embedding behind RMSNorm caps LoRA training at a near-uniform softmax
-                         initializer_range=0.25)
-    model = LlamaForCausalLM(config)
+    common = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                  max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, bos_token_id=None, tie_word_embeddings=True,
+                  # large enough that logits can be sharp: with the default 0.02, a frozen
+                  # embedding behind RMSNorm caps LoRA training at a near-uniform softmax
+                  initializer_range=0.25)
+    if sliding_window is None:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = MistralForCausalLM(MistralConfig(**common, head_dim=hidden // heads,
+                                                 sliding_window=sliding_window))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out.mkdir(parents=True, exist_ok=True)
