@@ -161,32 +161,21 @@ def plot_status_mix(entries: list[Entry], path: Path) -> bool:
 
 # --- the page -----------------------------------------------------------------------------------
 
-def task_rows(entries: list[Entry]) -> list[dict[str, Any]]:
-    """One row per (split, task): where it sits, and per model pass@1 at turn 1 and at the last."""
-    keys = sorted({(split, task) for e in entries for split, r in e.results.items() for task in r["tasks"]},
-                  key=lambda st: (st[0] != "train", st[1]))
+def table_rows(entries: list[Entry], kind: str) -> list[dict[str, Any]]:
+    """One row per split and entry of `results[split][kind]` ("tasks" or "levels"): per model,
+    pass@1 at turn 1 and at the last turn; a task row also says its group and level."""
+    keys = sorted({(split, name) for e in entries for split, r in e.results.items() for name in r[kind]},
+                  key=lambda key: (key[0] != "train", key[1]))
     rows = []
-    for split, task in keys:
-        info = next(e.results[split]["tasks"][task] for e in entries if task in e.results.get(split, {})
-                    .get("tasks", {}))
-        cells = []
+    for split, name in keys:
+        row: dict[str, Any] = {"split": split, "name": name, "cells": []}
         for e in entries:
-            turns = e.results.get(split, {}).get("tasks", {}).get(task, {}).get("turns")
-            cells.append((turns[0]["pass@1"], turns[-1]["pass@1"]) if turns else (None, None))
-        rows.append({"split": split, "task": task, "group": info["group"], "level": info["level"], "cells": cells})
-    return rows
-
-
-def level_rows(entries: list[Entry]) -> list[dict[str, Any]]:
-    keys = sorted({(split, level) for e in entries for split, r in e.results.items() for level in r["levels"]},
-                  key=lambda sl: (sl[0] != "train", sl[1]))
-    rows = []
-    for split, level in keys:
-        cells = []
-        for e in entries:
-            turns = e.results.get(split, {}).get("levels", {}).get(level, {}).get("turns")
-            cells.append((turns[0]["pass@1"], turns[-1]["pass@1"]) if turns else (None, None))
-        rows.append({"split": split, "level": level, "cells": cells})
+            found = e.results.get(split, {}).get(kind, {}).get(name)
+            if found and "group" in found:
+                row["group"], row["level"] = found["group"], found["level"]
+            turns = found["turns"] if found else None
+            row["cells"].append((turns[0]["pass@1"], turns[-1]["pass@1"]) if turns else (None, None))
+        rows.append(row)
     return rows
 
 
@@ -197,7 +186,8 @@ def render(entries: list[Entry], figures: dict[str, str], report_files: list[str
     env.filters["pct"] = lambda v: "—" if v is None else f"{100 * v:.1f}%"
     env.filters["num"] = lambda v: "" if v is None else f"{v:.6g}"
     return env.get_template("index.html.j2").render(
-        entries=entries, headlines=HEADLINES, tasks=task_rows(entries), levels=level_rows(entries),
+        entries=entries, headlines=HEADLINES, tasks=table_rows(entries, "tasks"),
+        levels=table_rows(entries, "levels"),
         figures=figures, reports=report_files, groups=GROUPS,
         built=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 
