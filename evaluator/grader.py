@@ -18,6 +18,7 @@ from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.protocol import Reset
 from evaluator.record import StageTiming, Verdict
 from evaluator.reference import ReferenceCache
+from evaluator.remote import ActorsLost, RayExecutor
 from evaluator.sandbox import Limits, WorkerError, WorkerPool
 from evaluator.stages import SOURCE_STAGES, STAGES, Failure, GradingContext, Stage, correct_message
 from tasks import get_task
@@ -68,12 +69,10 @@ class Evaluator:
         self.cache = VerdictCache(cache) if isinstance(cache, (str, Path)) else cache
         self.remote = None
         if executor == "ray":
-            from evaluator.remote import RayExecutor
-
             options = {"backend": self.backend.name, "workers": 1, "limits": limits, "generation": generation,
                        "n_seeds": n_seeds, "stop_at_first_failure": stop_at_first_failure,
                        "tpu_numerics": tpu_numerics}
-            self.remote = RayExecutor(address, workers, options, self.backend.name)
+            self.remote = RayExecutor(address, workers, GradingActor, options)
         # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
         self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else workers, limits=limits)
         self.references = ReferenceCache()
@@ -100,11 +99,26 @@ class Evaluator:
             if (hit := self.cache.get(key)) is not None:
                 return hit
         if self.remote is not None:
-            verdict = self.remote.grade(task.name, answer, split, seed, through)
+            try:
+                verdict = Verdict.from_dict(self.remote.grade(task.name, answer, split, seed, through))
+            except ActorsLost as lost:
+                verdict = self._lost_verdict(task, answer, split, lost.deaths)
         else:
             verdict = self._grade_here(task, answer, split, seed, stages, through)
         if key is not None:
             self.cache.put(key, verdict)
+        return verdict
+
+    def _lost_verdict(self, task: Task, answer: str, split: str, deaths: list[str]) -> Verdict:
+        """A candidate whose gradings killed every Ray actor they ran on."""
+        message = (f"runtime_error: grading this kernel killed the evaluator's process {len(deaths)} times "
+                   f"({', '.join(deaths)}); it was not graded to the end. A kernel that exhausts the host's "
+                   "memory or crashes the process that runs it does this.")
+        verdict = Verdict(task=task.name, task_version=task.version, status="runtime_error", message=message,
+                          backend=self.backend.name, split=split, stage="run", error_type="ActorDied",
+                          error=message, versions=_versions(),
+                          candidate_sha256=hashlib.sha256(answer.encode()).hexdigest())
+        verdict.details["actor_deaths"] = len(deaths)
         return verdict
 
     def cache_settings(self, split: str, seed: int | None, through: str | None) -> dict[str, object]:
@@ -213,6 +227,18 @@ class Evaluator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class GradingActor:
+    """What each Ray actor runs (evaluator/remote.py): a local evaluator with warm sandboxed
+    workers, answering with verdicts as plain data."""
+
+    def __init__(self, options: dict[str, object]):
+        self.evaluator = Evaluator(**options)
+        self.evaluator.warm_up()
+
+    def grade(self, task: str, answer: str, split: str, seed: int | None, through: str | None) -> dict:
+        return self.evaluator.grade(task, answer, split, seed, through).to_dict()
 
 
 def _stages_through(last: str | None) -> tuple[tuple[str, Stage], ...]:

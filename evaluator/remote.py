@@ -1,48 +1,39 @@
 """Grading fanned out over a Ray cluster: `Evaluator(executor="ray", address=...)`.
 
-Each Ray actor owns an ordinary local `Evaluator` with its own warm, sandboxed worker process,
-so a cluster relaxes nothing about isolation. The driver sends (task name, answer, split, seed,
-stage) and gets the verdict back as plain data. Ray is imported only here, and this module only
-when `executor="ray"` is asked for.
+Each Ray actor owns an ordinary local `Evaluator` with its own warm, sandboxed worker process
+(`evaluator.grader.GradingActor`), so a cluster relaxes nothing about isolation. The driver
+sends (task name, answer, split, seed, stage) and gets the verdict back as plain data. Ray is
+imported only when a `RayExecutor` is made.
 
 - Back-pressure: one grading in flight per actor. A caller waits for an idle actor.
 - Lost actors: an actor that dies mid-grade is replaced, and its candidate is graded again on
   another actor. The caller gets one verdict, so a journal sees it once.
-- A candidate that keeps killing actors is tried `max_attempts` times. It then gets a
-  `runtime_error` verdict that says so.
+- A candidate that keeps killing actors is tried `max_attempts` times. Then `ActorsLost` tells
+  the evaluator to give it a `runtime_error` verdict that says so.
 """
 from __future__ import annotations
 
-import os
 import queue
 import socket
 import threading
 from typing import Any
 
-from evaluator.record import Verdict
 
+class ActorsLost(RuntimeError):
+    """A candidate's gradings killed every actor they ran on, `max_attempts` times."""
 
-class GradingActor:
-    """Lives in a Ray worker process: a local evaluator with warm sandboxed workers."""
-
-    def __init__(self, options: dict[str, Any]):
-        from evaluator.grader import Evaluator
-
-        self.evaluator = Evaluator(**options)
-        self.evaluator.warm_up()
-
-    def grade(self, task: str, answer: str, split: str, seed: int | None, through: str | None) -> dict[str, Any]:
-        return self.evaluator.grade(task, answer, split, seed, through).to_dict()
-
-    def pid(self) -> int:
-        return os.getpid()
+    def __init__(self, deaths: list[str]):
+        super().__init__(f"{len(deaths)} actors lost: {', '.join(deaths)}")
+        self.deaths = deaths
 
 
 class RayExecutor:
     """A fixed set of grading actors, each used by one caller at a time."""
 
-    def __init__(self, address: str | None, actors: int, options: dict[str, Any], backend: str,
+    def __init__(self, address: str | None, actors: int, actor_class: type, options: dict[str, Any],
                  max_attempts: int = 3):
+        """`actor_class(options)` is built in each actor process; its `grade(task, answer, split,
+        seed, through)` returns a verdict as a dict."""
         try:
             import ray
         except ImportError:
@@ -57,9 +48,9 @@ class RayExecutor:
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise ValueError(f"cannot reach the Ray cluster at {address!r}: {' '.join(str(exc).split())[:200]}"
                                  ) from None
-        self.options, self.backend = options, backend
+        self.options = options
         self.max_attempts = max_attempts
-        self._actor_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(GradingActor)
+        self._actor_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(actor_class)
         self._idle: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self.actors: list[Any] = []
@@ -81,7 +72,9 @@ class RayExecutor:
             self.replaced += 1
         return self._start_actor()
 
-    def grade(self, task: str, answer: str, split: str, seed: int | None, through: str | None) -> Verdict:
+    def grade(self, task: str, answer: str, split: str, seed: int | None, through: str | None
+              ) -> dict[str, Any]:
+        """The verdict as a dict; ActorsLost when every try lost its actor."""
         errors = self._ray.exceptions
         deaths: list[str] = []
         while len(deaths) < self.max_attempts:
@@ -96,8 +89,8 @@ class RayExecutor:
                 self._idle.put(actor)
                 raise
             self._idle.put(actor)
-            return Verdict.from_dict(data)
-        return lost_verdict(task, answer, split, self.backend, deaths)
+            return data
+        raise ActorsLost(deaths)
 
     def close(self) -> None:
         with self._lock:
@@ -107,24 +100,6 @@ class RayExecutor:
                 self._ray.kill(actor)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-
-
-def lost_verdict(task: str, answer: str, split: str, backend: str, deaths: list[str]) -> Verdict:
-    """The verdict for a candidate whose gradings killed every actor they ran on."""
-    import hashlib
-
-    from evaluator.grader import _versions
-    from tasks import get_task
-
-    message = (f"runtime_error: grading this kernel killed the evaluator's process {len(deaths)} times "
-               f"({', '.join(deaths)}); it was not graded to the end. A kernel that exhausts the host's "
-               "memory or crashes the process that runs it does this.")
-    verdict = Verdict(task=task, task_version=get_task(task).version, status="runtime_error", message=message,
-                      backend=backend, split=split, stage="run", error_type="ActorDied", error=message,
-                      versions=_versions(),
-                      candidate_sha256=hashlib.sha256(answer.encode()).hexdigest())
-    verdict.details["actor_deaths"] = len(deaths)
-    return verdict
 
 
 def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
