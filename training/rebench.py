@@ -32,6 +32,7 @@ from data_gen.journal import Journal, JournalMismatch
 from evaluator.cli import add_scale_options, scale_kwargs
 from evaluator.record import Verdict
 from training.rebench_report import (
+    GROUPS,
     Sample,
     Turn,
     markdown,
@@ -70,10 +71,11 @@ def benchmark_tasks(split: str, names: list[str] | None) -> list[tuple[Any, str]
     """(task, group) pairs: train tasks on `split`; with split heldout, the held-out tasks too."""
     from tasks import all_tasks, get_task
 
+    train_group, heldout_group = GROUPS
     tasks = [get_task(n) for n in names] if names else all_tasks()
     if split == "train":
-        return [(t, "train tasks") for t in tasks if not t.heldout_task]
-    return [(t, "held-out tasks" if t.heldout_task else "train tasks") for t in tasks]
+        return [(t, train_group) for t in tasks if not t.heldout_task]
+    return [(t, heldout_group if t.heldout_task else train_group) for t in tasks]
 
 
 @dataclass(frozen=True)
