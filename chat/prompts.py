@@ -22,7 +22,7 @@ ROLE = ("You are an expert in JAX Pallas kernels for TPU. You write kernels that
         "Pallas kernels.")
 
 RULES = """Rules:
-- Answer with one complete Python module in a single ```python block that defines `kernel` with the
+- Answer with one complete Python module in a single ```python block that defines `{entry_point}` with the
   signature above; it may define helpers and use `jax`, `jax.numpy`, `jax.experimental.pallas` (as pl)
   and `jax.experimental.pallas.tpu` (as pltpu), `functools`, `math`, `numpy`.
 - The task's arithmetic must run inside `pl.pallas_call` kernels; glue (reshapes, padding, casts) may
@@ -43,8 +43,11 @@ def reference_source(task: Task) -> str:
 
     A reference uses only its own task module and tasks/references.py (the shared helpers):
     a name imported from there is shown as that helper's source, so the prompt is a
-    self-contained module and exactly what the evaluator compares with.
+    self-contained module and exactly what the evaluator compares with. An imported task
+    (suites/) shows the suite's file, its benchmark harness dropped.
     """
+    if task.reference_text is not None:
+        return task.reference_text.rstrip() + "\n"
     imports: list[str] = []
     defs: list[str] = []
     _resolve(inspect.getmodule(task.reference), task.reference.__name__, imports, defs)
@@ -129,11 +132,11 @@ def task_prompt(task: Task, split: str = "train", *, evaluation: bool = False) -
     return (
         f"Write a Pallas TPU kernel for the task `{task.name}`: {task.description}\n\n"
         f"Signature: `{task.signature}`\n\n"
-        f"Reference implementation (pure JAX; your `kernel` must match it):\n"
+        f"Reference implementation (pure JAX; your `{task.entry_point}` must match it):\n"
         f"```python\n{reference_source(task)}```\n\n"
         f"It is graded for correctness on these shapes:\n" + "\n".join(check) + "\n\n"
         "and compiled for TPU (and timed on hardware) at these larger ones:\n" + "\n".join(bench) + "\n"
-        f"{features}\n{RULES}\n"
+        f"{features}\n{RULES.format(entry_point=task.entry_point)}\n"
     )
 
 

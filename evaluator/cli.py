@@ -7,6 +7,7 @@ task, missing file), 1 from check-solutions when a reference solution is not cor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tasks", help="list the tasks")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.add_argument("--markdown", action="store_true", help="print the suite table as Markdown")
+    add_suite_option(t)
     t.set_defaults(func=cmd_tasks)
 
     r = sub.add_parser("run", help="grade one candidate")
@@ -63,6 +65,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--workers", type=int, default=2, help="worker processes grading in parallel")
     _add_common(c)
     c.set_defaults(func=cmd_check_solutions)
+
+    k = sub.add_parser("check-suite", help="load a peer suite's checkout and grade its own files")
+    k.add_argument("suite", metavar="KIND:PATH", help="e.g. jaxbench:~/JAXBench (a clone of JAXBench)")
+    k.add_argument("--task", action="append", default=None, help="only this entry (repeatable)")
+    k.add_argument("--workers", type=int, default=2, help="worker processes grading in parallel")
+    k.add_argument("--json", action="store_true", help="print the rows and summary as JSON")
+    k.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    k.add_argument("--tpu", choices=tuple(GENERATIONS), default=None,
+                   help="TPU generation (default: the one the suite was tuned for, v6e for JAXBench)")
+    k.add_argument("--seed", type=int, default=0, help="base seed of the gradings (default %(default)s)")
+    k.set_defaults(func=cmd_check_suite)
 
     e = sub.add_parser("estimate", help="static performance estimate at bench sizes (nothing runs)")
     e.add_argument("--task", action="append", default=None, help="only this task (repeatable)")
@@ -97,8 +110,9 @@ def _parser() -> argparse.ArgumentParser:
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
                    help="default: tpu on a TPU host, else tpu-interpret")
-    p.add_argument("--tpu", choices=tuple(GENERATIONS), default=DEFAULT_GENERATION,
-                   help="TPU generation whose VMEM budget applies (default %(default)s)")
+    p.add_argument("--tpu", choices=tuple(GENERATIONS), default=None,
+                   help=f"TPU generation whose VMEM budget applies (default {DEFAULT_GENERATION}, "
+                        "or the one an imported suite was tuned for: v6e for JAXBench)")
     p.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per worker step")
     p.add_argument("--json", action="store_true", help="print the verdict record(s) as JSON")
@@ -106,6 +120,65 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="interpret mode: compute f32 dots in kernels exactly, not as a TPU does "
                         "at default precision (one bf16 pass)")
     add_scale_options(p)
+    add_suite_option(p)
+
+
+def add_suite_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", metavar="KIND:PATH", default=None,
+                   help="also take tasks from a peer suite's checkout: jaxbench:PATH (a clone of "
+                        "JAXBench: jaxbench/<workload>, kernelbench-jax/level1|2/<problem>)")
+
+
+@contextlib.contextmanager
+def open_suite_option(spec: str | None):
+    """The --suite checkout (None without one), closed afterwards; a bad value is a UsageError."""
+    if spec is None:
+        yield None
+        return
+    from suites import SuiteError, open_suite
+
+    try:
+        suite = open_suite(spec)
+    except SuiteError as exc:
+        raise UsageError(str(exc)) from None
+    with suite:
+        yield suite
+
+
+def suite_tasks(suite, names: list[str] | None) -> list:
+    """Tasks by name, imported ones from the suite (built on first use); every loadable one of
+    the suite when no names are given (those that cannot load are said on stderr)."""
+    import tasks
+    from suites import LoadError
+
+    if not names:
+        names = suite.names()
+        with console.status(f"loading {len(names)} tasks from {suite.root}"):
+            loaded = []
+            for name in names:
+                try:
+                    loaded.append(suite.task(name))
+                except LoadError as exc:
+                    print(f"not loaded: {name}: {exc}", file=sys.stderr)
+        return loaded
+    found = []
+    for name in names:
+        try:
+            found.append(suite.task(name) if name in suite.entries else tasks.get_task(name))
+        except LoadError as exc:
+            raise UsageError(f"cannot load {name} from {suite.root}: {exc}") from None
+        except tasks.UnknownTaskError as exc:
+            raise UsageError(str(exc)) from None
+    return found
+
+
+def generation_for(requested: str | None, selected: list) -> str:
+    """--tpu if given, else the generation the selected tasks were tuned for (when they agree),
+    else the default."""
+    if requested:
+        return requested
+    wanted = {t.tpu for t in selected if t.tpu}
+    return wanted.pop() if len(wanted) == 1 else DEFAULT_GENERATION
 
 
 def add_scale_options(p: argparse.ArgumentParser) -> None:
@@ -123,21 +196,26 @@ def scale_kwargs(args: argparse.Namespace) -> dict[str, object]:
     return {"executor": "ray" if args.ray else "local", "address": args.ray, "cache": args.cache}
 
 
-def _evaluator(args: argparse.Namespace, workers: int = 1):
+def _evaluator(args: argparse.Namespace, workers: int = 1, selected: list = ()):
     from evaluator.grader import Evaluator
     from evaluator.sandbox import Limits
 
     limits = Limits() if args.timeout is None else Limits(step_timeout_s=args.timeout)
+    if args.suite and args.ray:
+        raise UsageError("--suite with --ray is not supported: Ray actors cannot load the suite's tasks yet")
     try:
-        return Evaluator(backend=args.backend, workers=workers, limits=limits, generation=args.tpu,
+        return Evaluator(backend=args.backend, workers=workers, limits=limits,
+                         generation=generation_for(args.tpu, list(selected)),
                          tpu_numerics=not args.exact_dots, **scale_kwargs(args))
     except ValueError as exc:  # e.g. tpu-compile without libtpu installed
         raise UsageError(str(exc)) from None
 
 
-def _resolve_tasks(names: list[str] | None):
+def _resolve_tasks(names: list[str] | None, suite=None):
     import tasks
 
+    if suite is not None:
+        return suite_tasks(suite, names)
     try:
         return [tasks.get_task(n) for n in names] if names else tasks.all_tasks()
     except tasks.UnknownTaskError as exc:
@@ -145,7 +223,11 @@ def _resolve_tasks(names: list[str] | None):
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    suite = _resolve_tasks(None)
+    with open_suite_option(args.suite) as imported:
+        return _list_tasks(args, _resolve_tasks(None, imported))
+
+
+def _list_tasks(args: argparse.Namespace, suite: list) -> int:
     if args.json:
         print(json.dumps([t.summary() for t in suite], indent=2))
         return 0
@@ -181,10 +263,11 @@ def _read_candidate(name: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    task = _resolve_tasks([args.task])[0]
     answer = _read_candidate(args.candidate)
-    with _evaluator(args) as ev:
-        verdict = ev.grade(task, answer, split=args.split, seed=args.seed)
+    with open_suite_option(args.suite) as imported:
+        task = _resolve_tasks([args.task], imported)[0]
+        with _evaluator(args, selected=[task]) as ev:
+            verdict = ev.grade(task, answer, split=args.split, seed=args.seed)
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2))
     else:
@@ -193,10 +276,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_solutions(args: argparse.Namespace) -> int:
+    with open_suite_option(args.suite) as imported:
+        return _check_solutions(args, _resolve_tasks(args.task, imported))
+
+
+def _check_solutions(args: argparse.Namespace, suite: list) -> int:
     from evaluator.grader import Job
 
-    suite = _resolve_tasks(args.task)
-    jobs = [Job(t.name, t.solution_source(), args.split, args.seed) for t in suite]
+    if args.suite:  # an imported task's solution is its optimized.py; a baseline is no solution
+        without = [t.name for t in suite if t.solution_path.name != "optimized.py"]
+        if without:
+            console.print(f"no optimized.py, not graded: {len(without)} tasks")
+        suite = [t for t in suite if t.solution_path.name == "optimized.py"]
+    jobs = [Job(t, t.solution_source(), args.split, args.seed) for t in suite]
     start = time.perf_counter()
     if not args.json:
         console.print(f"grading {len(jobs)} reference solutions on split {args.split!r} "
@@ -207,7 +299,7 @@ def cmd_check_solutions(args: argparse.Namespace) -> int:
             mark = "[green]ok[/]" if v.ok else f"[red]{v.status}[/]"
             console.print(f"  {v.task:<24} {mark}  ({len(v.cases)} cases, {v.wall_s:.1f} s)")
 
-    with _evaluator(args, workers=max(1, args.workers)) as ev:
+    with _evaluator(args, workers=max(1, args.workers), selected=suite) as ev:
         ev.warm_up()
         verdicts = ev.grade_many(jobs, on_done=progress)
     failed = [v for v in verdicts if not v.ok]
@@ -219,6 +311,57 @@ def cmd_check_solutions(args: argparse.Namespace) -> int:
         console.print(f"{len(verdicts) - len(failed)}/{len(verdicts)} solutions correct "
                       f"in {time.perf_counter() - start:.0f} s")
     return 1 if failed else 0
+
+
+def cmd_check_suite(args: argparse.Namespace) -> int:
+    from evaluator.grader import Evaluator
+    from suites.report import SuiteRow, check_suite, grader_lied, summary
+
+    with open_suite_option(args.suite) as imported:
+        unknown = [n for n in args.task or [] if n not in imported.entries]
+        if unknown:
+            raise UsageError(f"not in the suite at {imported.root}: {', '.join(unknown)}")
+        names = args.task or imported.names()
+        if not (args.json or args.markdown):
+            console.print(f"{len(names)} entries in {imported.root}; each is loaded (their code runs "
+                          "in a sandboxed worker) and three files graded: baseline, zeros, optimized.py")
+
+        def show(row: SuiteRow) -> None:
+            if args.json or args.markdown:
+                return
+            if not row.loaded:
+                console.print(f"  {row.name:<60} [yellow]not loaded[/]: {escape(row.why_not[:200])}")
+                return
+            opt = f", optimized {row.optimized}" if row.optimized else ""
+            fixed = f", repaired {', '.join(row.repaired)}" if row.repaired else ""
+            console.print(f"  {row.name:<60} baseline {row.baseline}, zeros {row.zeros}{opt}{fixed}")
+
+        generation = args.tpu or "v6e"
+        with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=generation) as ev:
+            rows = check_suite(imported, ev, names, on_row=show, seed=args.seed)
+    totals = summary(rows)
+    if args.json:
+        print(json.dumps({"generation": generation, "summary": totals,
+                          "rows": [r.to_dict() for r in rows]}, indent=2))
+    elif args.markdown:
+        print("| entry | loaded | check sizes | bench sizes | held-out | repaired | baseline | zeros | optimized.py |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            sizes = ", ".join(f"{k}={v}" for k, v in r.check_sizes.items())
+            bench = ", ".join(f"{k}={v}" for k, v in r.bench_sizes.items())
+            print(f"| `{r.name}` | {'yes' if r.loaded else 'no: ' + r.why_not[:120].replace('|', '/')} | "
+                  f"{sizes} | {bench} | {r.heldout} | {', '.join(r.repaired) or '-'} | {r.baseline or '-'} | "
+                  f"{r.zeros or '-'} | {r.optimized or '-'} |")
+    for group, g in totals["groups"].items():
+        print(f"{group}: {g['loaded']}/{g['entries']} loaded", file=sys.stderr)
+    print(f"baselines refused as no_kernel: {totals['baselines_no_kernel']}/{totals['loaded']}; "
+          f"zeros kernel refused: {totals['zeros_refused']}/{totals['loaded']}; inputs repaired: "
+          f"{totals['repaired']}; optimized.py correct: {totals['optimized_correct']}/{totals['optimized']}",
+          file=sys.stderr)
+    lied = grader_lied(rows)
+    if lied:
+        print(f"the grader accepted a baseline or the zeros kernel: {', '.join(lied)}", file=sys.stderr)
+    return 1 if lied else 0
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:

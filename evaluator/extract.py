@@ -11,12 +11,13 @@ class ExtractionError(ValueError):
     pass
 
 
-def extract_code(answer: str) -> str:
+def extract_code(answer: str, entry_point: str = "kernel") -> str:
     """The last fenced python block; a bare source file (no fences) is taken whole.
 
     A model's answer is prose plus code; the last block is its final word. Text without any
-    fence is accepted only when it reads as a module defining `kernel`, so that a candidate
-    file can be graded as it is.
+    fence is accepted only when it reads as a module defining `kernel` (or the task's own entry
+    point: an imported task's `workload` or `ModelNew`), so that a candidate file can be graded
+    as it is.
     """
     blocks = [body for tag, body in _FENCE.findall(answer) if tag.lower() in _PYTHON_TAGS]
     if blocks:
@@ -26,6 +27,7 @@ def extract_code(answer: str) -> str:
         return code
     if "```" in answer:
         raise ExtractionError("no complete ```python code block found in the answer")
-    if re.search(r"^\s*def\s+kernel\s*\(", answer, re.M):
+    names = "|".join(re.escape(n) for n in {"kernel", entry_point})
+    if re.search(rf"^\s*(def|class)\s+({names})\b", answer, re.M):
         return answer
-    raise ExtractionError("the answer contains no code: expected a ```python block defining kernel(...)")
+    raise ExtractionError(f"the answer contains no code: expected a ```python block defining {entry_point}(...)")

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from evaluator import jax_hooks
 from evaluator.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
-from evaluator.protocol import (CaseSpec, Compile, Compiled, Done, Failed, Load, Lower, Ping,
-                                Pong, Ran, Reset, Run, SeedResult, Time, Timed, Trace, Traced,
-                                TracedCase)
+from evaluator.protocol import (Call, CaseSpec, Compile, Compiled, Done, Failed, Load, Lower,
+                                Ping, Pong, Ran, Reset, Returned, Run, SeedResult, Time, Timed,
+                                Trace, Traced, TracedCase)
 
 # Candidates are registered in sys.modules as candidate_1, candidate_2, ... for their lifetime.
 CANDIDATE_MODULE_PREFIX = "candidate_"
@@ -37,6 +37,8 @@ class WorkerState:
     runners: dict[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     topologies: dict[str, Any] = dataclasses.field(default_factory=dict)  # kept across candidates
     loaded: int = 0  # candidates loaded so far: each gets its own module name
+    # Third-party reference modules (Call), by source: executed once, kept across candidates.
+    external: dict[str, types.ModuleType] = dataclasses.field(default_factory=dict)
 
 
 def handle(state: WorkerState, request: Any, arrays: list) -> tuple[Any, list]:
@@ -235,6 +237,38 @@ def time_callable(fn: Callable[..., Any], inputs: list, warmup: int, iters: int)
     return samples
 
 
+# Modules whose functions a Call may name: our own drivers of third-party code, nothing else.
+CALLABLE_MODULES = ("suites.driver",)
+EXTERNAL_MODULE_PREFIX = "external_reference_"
+
+
+def call_external(state: WorkerState, request: Call, arrays: list) -> tuple[Any, list]:
+    """Execute a peer suite's file as a module (once per source) and call one of our driver
+    functions on it; the driver returns (JSON-able value, arrays). Their code failing is a
+    Failed reply, not an evaluator bug: the host reports which file could not be used."""
+    import importlib
+
+    import numpy as np
+
+    module_name, _, function = request.function.partition(":")
+    if module_name not in CALLABLE_MODULES:
+        return Failed("ValueError", f"{request.function} is not a driver function", internal=True), []
+    driver = getattr(importlib.import_module(module_name), function)
+    module = state.external.get(request.source)
+    try:
+        if module is None:
+            module = types.ModuleType(f"{EXTERNAL_MODULE_PREFIX}{len(state.external) + 1}")
+            module.__file__ = "<reference>"
+            sys.modules[module.__name__] = module  # dataclasses in their code look it up
+            exec(compile(request.source, "<reference>", "exec"), module.__dict__)
+            state.external[request.source] = module
+        value, out = driver(module, *request.args, *arrays)
+    except Exception as exc:
+        etype, text = describe_exception(exc)
+        return Failed(etype, text), []
+    return Returned(value), [np.asarray(a) for a in out]
+
+
 def reset(state: WorkerState, request: Reset, arrays: list) -> tuple[Any, list]:
     """Forget the candidate: its module (and its sys.modules entry), traced programs,
     interpret state and temp files.
@@ -263,5 +297,5 @@ def ping(state: WorkerState, request: Ping, arrays: list) -> tuple[Any, list]:
 
 HANDLERS: dict[type, Callable[[WorkerState, Any, list], tuple[Any, list]]] = {
     Load: load, Trace: trace, Lower: lower, Compile: compile_case, Run: run, Time: time_case,
-    Reset: reset, Ping: ping,
+    Call: call_external, Reset: reset, Ping: ping,
 }

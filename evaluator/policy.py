@@ -212,6 +212,21 @@ def violations(tree: ast.Module) -> list[Violation]:
     return sorted(set(found), key=lambda v: v.line)
 
 
+def imports_pallas(tree: ast.Module) -> bool:
+    """Whether the module imports anything from jax.experimental.pallas: without it, it cannot
+    contain a Pallas kernel, whatever its tracing does."""
+    def pallas(module: str) -> bool:
+        return module == "jax.experimental.pallas" or module.startswith("jax.experimental.pallas.")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(pallas(a.name) for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module and (
+                pallas(node.module) or any(pallas(f"{node.module}.{a.name}") for a in node.names)):
+            return True
+    return False
+
+
 def _imported_names(tree: ast.Module) -> dict[str, str]:
     names: dict[str, str] = {}
     for node in ast.walk(tree):

@@ -80,6 +80,18 @@ class Time:
 
 
 @dataclass
+class Call:
+    """Run third-party reference code (a peer suite's workload or model, suites/): execute
+    `source` as a module of its own, kept for later calls with the same source, and call our
+    `function` ("package.module:name", e.g. suites.driver:describe) with that module, `args`
+    and the arrays. It runs here, in a sandboxed worker, because it is nobody's trusted code."""
+
+    source: str
+    function: str
+    args: list[Any] = field(default_factory=list)
+
+
+@dataclass
 class Reset:
     """Forget the candidate."""
 
@@ -165,12 +177,19 @@ class Timed:
 
 
 @dataclass
+class Returned:
+    """A Call's result: a JSON-able value; its arrays follow in the reply's arrays."""
+
+    value: Any = None
+
+
+@dataclass
 class Pong:
     echo: Any = None
 
 
-Request = Union[Load, Trace, Lower, Compile, Run, Time, Reset, Ping]
-Reply = Union[Failed, Ready, Refused, Done, Traced, Compiled, Ran, Timed, Pong]
+Request = Union[Load, Trace, Lower, Compile, Run, Time, Call, Reset, Ping]
+Reply = Union[Failed, Ready, Refused, Done, Traced, Compiled, Ran, Timed, Returned, Pong]
 MESSAGES: dict[str, type] = {cls.__name__: cls for cls in (*typing.get_args(Request), *typing.get_args(Reply))}
 
 

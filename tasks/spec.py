@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -114,6 +114,35 @@ ATTENTION_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+class ExternalReference(Protocol):
+    """A reference and input maker that are third-party code (a peer suite's file, suites/):
+    run in a sandboxed worker by this object, never in the grader's own process."""
+
+    def sample(self, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray]]:
+        """One seed's inputs and the reference's outputs on them (float32)."""
+
+    def outputs(self, case: Case, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The reference's outputs on given inputs."""
+
+    def cost(self, case: Case) -> Any:
+        """What the reference computes at a case (evaluator.jaxpr_cost.Cost)."""
+
+
+@dataclass(frozen=True)
+class AdaptedCandidate:
+    """A candidate written in a peer suite's format, made gradable: `checked` is what the
+    policy judges (their harness dropped), `shim` is appended when it is loaded (a kernel()
+    that calls their entry point), `notes` say what was changed."""
+
+    checked: str
+    shim: str
+    notes: list[str] = field(default_factory=list)
+
+
+class CandidateFormatError(ValueError):
+    """A candidate that does not define the entry point its task asks for."""
+
+
 @dataclass(frozen=True)
 class Task:
     """A kernel problem. See tasks/README.md for how to add one."""
@@ -140,6 +169,14 @@ class Task:
     # reference computes what a kernel may skip (the masked half of causal attention). The
     # grader's "faster than any kernel doing the work" rule reads it (evaluator/perf_model.py).
     necessary_flops_share: float = 1.0
+    # Imported tasks (suites/): the reference runs elsewhere, candidates are written in the
+    # suite's own format (`entry_point`), prompts show the suite's file, and the TPU generation
+    # its sizes were tuned for is the grading default.
+    external: ExternalReference | None = None
+    adapt_candidate: Callable[[str], AdaptedCandidate] | None = None
+    entry_point: str = "kernel"
+    reference_text: str | None = None
+    tpu: str | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.required_features) - set(KNOWN_FEATURES)

@@ -13,7 +13,7 @@ CHECK_CASES = [(t, c) for t in all_tasks() for c in t.select("all", "check")]
 
 def _reference(task, case, seed=0):
     inputs = REFS.inputs(task, case, seed)
-    return inputs, REFS.outputs(task, inputs)
+    return inputs, REFS.outputs(task, case, inputs)
 
 
 @pytest.mark.parametrize("task,case", CHECK_CASES, ids=[f"{t.name}-{c.name}" for t, c in CHECK_CASES])

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.journal import Journal, JournalMismatch
-from evaluator.cli import add_scale_options, scale_kwargs
+from evaluator.cli import (UsageError, add_scale_options, add_suite_option, generation_for,
+                           open_suite_option, scale_kwargs, suite_tasks)
 from evaluator.record import Verdict
 from training.rebench_report import (
     GROUPS,
@@ -67,12 +68,16 @@ class ModelSpec:
         return make_chat_model(self.model, base_url=self.base_url, adapter=self.adapter)
 
 
-def benchmark_tasks(split: str, names: list[str] | None) -> list[tuple[Any, str]]:
-    """(task, group) pairs: train tasks on `split`; with split heldout, the held-out tasks too."""
+def benchmark_tasks(split: str, names: list[str] | None, suite: Any = None) -> list[tuple[Any, str]]:
+    """(task, group) pairs: train tasks on `split`; with split heldout, the held-out tasks too.
+    With a peer suite (--suite), its tasks instead of ours."""
     from tasks import all_tasks, get_task
 
     train_group, heldout_group = GROUPS
-    tasks = [get_task(n) for n in names] if names else all_tasks()
+    if suite is not None:
+        tasks = suite_tasks(suite, names)
+    else:
+        tasks = [get_task(n) for n in names] if names else all_tasks()
     if split == "train":
         return [(t, train_group) for t in tasks if not t.heldout_task]
     return [(t, heldout_group if t.heldout_task else train_group) for t in tasks]
@@ -184,10 +189,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", choices=("none", "spec", "guide"), default="none")
     p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
                    help="evaluator backend (default: tpu on a TPU host, else tpu-interpret)")
-    p.add_argument("--tpu", choices=tuple(GENERATIONS), default=DEFAULT_GENERATION,
-                   help="TPU generation for the prompt's context, VMEM budget and compiler")
+    p.add_argument("--tpu", choices=tuple(GENERATIONS), default=None,
+                   help=f"TPU generation for the prompt's context, VMEM budget and compiler (default "
+                        f"{DEFAULT_GENERATION}, or the one a --suite was tuned for: v6e for JAXBench)")
     p.add_argument("--workers", type=int, default=2, help="evaluator worker processes (Ray actors with --ray)")
     add_scale_options(p)
+    add_suite_option(p)
     p.add_argument("--concurrency", type=int, default=8, help="conversations in flight")
     p.add_argument("--out", type=Path, default=Path("runs/rebench"))
     p.add_argument("--fresh", action="store_true", help="discard the journal in --out and start over")
@@ -205,7 +212,8 @@ def settings_of(args: argparse.Namespace, specs: list[ModelSpec], backend: str) 
     fast_p thresholds are read off the journal, so they may change)."""
     return {"models": [asdict(s) for s in specs], "splits": args.splits, "tasks": args.tasks,
             "samples": args.samples, "turns": args.turns, "temperature": args.temperature,
-            "max_tokens": args.max_tokens, "context": args.context, "backend": backend, "tpu": args.tpu}
+            "max_tokens": args.max_tokens, "context": args.context, "backend": backend, "tpu": args.tpu,
+            "suite": args.suite}
 
 
 def report_settings(args: argparse.Namespace, evaluator: Any) -> dict[str, Any]:
@@ -223,6 +231,13 @@ def report_settings(args: argparse.Namespace, evaluator: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.suite and args.ray:
+        raise ValueError("--suite with --ray is not supported: Ray actors cannot load the suite's tasks yet")
+    with open_suite_option(args.suite) as suite:
+        return _run(args, suite)
+
+
+def _run(args: argparse.Namespace, suite: Any) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -238,8 +253,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     specs = [ModelSpec.parse(m) for m in args.models]
     if len({s.label for s in specs}) < len(specs):
         raise ValueError("two --model options share a label: give each model its own")
+    selected = {split: benchmark_tasks(split, args.tasks, suite) for split in args.splits}
+    args.tpu = generation_for(args.tpu, [t for pairs in selected.values() for t, _ in pairs])
     conversations = [Conversation(spec.label, split, task, group, i) for spec in specs for split in args.splits
-                     for task, group in benchmark_tasks(split, args.tasks) for i in range(args.samples)]
+                     for task, group in selected[split] for i in range(args.samples)]
     journal_path = args.out / "journal.jsonl"
     with Evaluator(backend=args.backend, workers=args.workers, generation=args.tpu,
                    **scale_kwargs(args)) as evaluator:
@@ -284,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         run(args)
-    except (EndpointError, UnknownTaskError, JournalMismatch, ValueError) as exc:
+    except (EndpointError, UnknownTaskError, JournalMismatch, UsageError, ValueError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

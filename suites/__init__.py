@@ -1,0 +1,85 @@
+"""Peer suites under our grader: `--suite jaxbench:PATH` turns a JAXBench checkout's workloads
+and KernelBench-JAX problems into tasks (suites/jaxbench.py; docs/peer-suites.md).
+
+Their files are read here as text; their code runs only in a sandboxed worker
+(suites/oracle.py, suites/driver.py).
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import tasks
+from suites.jaxbench import Entry, Loaded, LoadError, discover, load
+from suites.oracle import ReferenceFailed, ReferenceRunner
+from tasks.spec import Task
+
+KINDS = ("jaxbench",)
+
+
+class SuiteError(ValueError):
+    """A --suite value that names no usable suite: one line for the user."""
+
+
+class Suite:
+    """A checkout's entries; each becomes a task when first asked for (building one runs their
+    code in the sandbox), and is then registered so graders find it by name."""
+
+    def __init__(self, kind: str, root: Path):
+        self.kind, self.root = kind, root
+        self.entries = {e.name: e for e in discover(root)}
+        self.runner = ReferenceRunner()
+        self.loaded: dict[str, Loaded] = {}
+        self.failed: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def task(self, name: str) -> Task:
+        """The task for one entry; LoadError says why it cannot be one."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise tasks.UnknownTaskError(f"{name!r} is not in the suite at {self.root}")
+        with self._lock:
+            if name in self.loaded:
+                return self.loaded[name].task
+            if name in self.failed:
+                raise LoadError(self.failed[name])
+            try:
+                loaded = load(entry, self.runner)
+            except (LoadError, ReferenceFailed, SyntaxError, OSError) as exc:
+                self.failed[name] = str(exc)
+                raise LoadError(str(exc)) from None
+            self.loaded[name] = loaded
+            tasks.register(loaded.task, replace=True)
+            return loaded.task
+
+    def entry(self, name: str) -> Entry:
+        return self.entries[name]
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def __enter__(self) -> "Suite":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_suite(spec: str) -> Suite:
+    """`jaxbench:PATH` as a Suite; SuiteError with one line for anything else."""
+    kind, sep, path = spec.partition(":")
+    if not sep or kind not in KINDS or not path:
+        raise SuiteError(f"--suite takes KIND:PATH with KIND one of {', '.join(KINDS)}, got {spec!r}")
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise SuiteError(f"suite folder not found: {root}")
+    try:
+        return Suite(kind, root)
+    except FileNotFoundError as exc:
+        raise SuiteError(str(exc)) from None
+
+
+__all__ = ["KINDS", "LoadError", "Suite", "SuiteError", "open_suite"]

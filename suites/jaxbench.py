@@ -1,0 +1,292 @@
+"""JAXBench checkouts as tasks: `benchmark/<N><p|k>_<Name>/` workloads and `jaxkernelbench/`
+problems, graded like our own tasks (docs/peer-suites.md).
+
+Names (scripts depend on them): `jaxbench/8p_GEMM` for `benchmark/8p_GEMM/baseline.py`,
+`kernelbench-jax/level1/23_Softmax` for `jaxkernelbench/level1/23_Softmax.py`.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from suites import sizes
+from suites.oracle import Described, ReferenceFailed, ReferenceRunner, SuiteReference, describe
+from suites.source import (SizeEdit, config_sizes, default_dtype, function_reads,
+                           literal_sizes, module_constants, rewrite_sizes, strip_harness,
+                           top_level_names)
+from tasks.spec import (AdaptedCandidate, ArgSpec, Case, CandidateFormatError, Task, Tolerance,
+                        DEFAULT_TOLERANCES, case_grid)
+
+WORKLOADS = "benchmark"
+PROBLEMS = "jaxkernelbench"
+# JAXBench measured on v6e and tuned its blocks for v6e's VMEM.
+TUNED_FOR = "v6e"
+# Their workloads mix matmuls, softmax and norms in one function: the tolerance of our matmul and
+# attention tasks (MXU rounding, softmax over matmul logits); the relative L2 bound still fails
+# zeros, constants and noise.
+SUITE_TOLERANCES: dict[str, Tolerance] = {
+    "float32": Tolerance(atol=6e-2, rtol=6e-2, rel_l2=1.5e-2),
+    "bfloat16": Tolerance(atol=0.12, rtol=0.12, rel_l2=2e-2),
+    "float16": DEFAULT_TOLERANCES["bfloat16"],
+}
+
+
+class LoadError(RuntimeError):
+    """A workload or problem that cannot become a task; the message says why."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One workload folder or problem file of a checkout."""
+
+    name: str
+    kind: str  # "workload" (create_inputs + workload) or "model" (Model + get_inputs)
+    path: Path
+    level: int
+    optimized: Path | None = None
+
+
+def discover(root: Path) -> list[Entry]:
+    """Every workload and problem of a JAXBench checkout, in name order."""
+    if not (root / WORKLOADS).is_dir() and not (root / PROBLEMS).is_dir():
+        raise FileNotFoundError(f"{root} is not a JAXBench checkout: it has neither {WORKLOADS}/ "
+                                f"nor {PROBLEMS}/")
+    entries = []
+    for folder in sorted((root / WORKLOADS).glob("*/")):
+        baseline = folder / "baseline.py"
+        if baseline.is_file():
+            optimized = folder / "optimized.py"
+            level = 3 if folder.name.split("_")[0].endswith("p") else 2
+            entries.append(Entry(f"jaxbench/{folder.name}", "workload", baseline, level,
+                                 optimized if optimized.is_file() else None))
+    for level in (1, 2):
+        for path in sorted((root / PROBLEMS / f"level{level}").glob("*.py")):
+            if path.name != "__init__.py":
+                entries.append(Entry(f"kernelbench-jax/level{level}/{path.stem}", "model", path, level))
+    return entries
+
+
+@dataclass
+class Loaded:
+    """How a task was built, for `check-suite`."""
+
+    task: Task
+    cap: int  # the power-of-two cap of the check sizes (2048: the full rule held)
+    hard_coded: bool  # shapes are literals in the input maker, rewritten by value
+    heldout_kind: str
+    repaired: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+LITERAL = "n"  # prefix of a size known only by its literal value: n224_ (case names read n224_32)
+
+
+class FileSizes:
+    """A file's bench sizes and how to rewrite them."""
+
+    def __init__(self, entry: Entry, source: str):
+        self.entry, self.source = entry, source
+        if entry.kind == "workload":
+            self.original = config_sizes(source)
+            makers = ("create_inputs",)
+            hard_coded = not function_reads(source, "create_inputs", "CONFIG")
+            self.scopes = frozenset({"create_inputs", "workload"}) if hard_coded else frozenset()
+            self.dtype = default_dtype(source) or "float32"
+        else:
+            self.original = module_constants(source)
+            # Sizes written as literals in get_inputs() often recur in get_init_inputs()
+            # (channels): both are rewritten by value, so they keep agreeing.
+            makers = ("get_inputs", "get_init_inputs")
+            self.scopes = frozenset(makers)
+            self.dtype = "float32"
+        # Literal sizes of the input makers that are no named size (`(16, 64, 128, 128)`): sizes
+        # too, named by value (n128), rewritten by value.
+        literals = set().union(*(literal_sizes(source, f) for f in makers if self.scopes)) - set(self.original.values())
+        self.literal_keys = {f"{LITERAL}{v}_": v for v in sorted(literals)}
+        self.original.update(self.literal_keys)
+        self.hard_coded = bool(self.scopes) and (entry.kind == "workload" or bool(literals))
+
+    def source_for(self, dims: dict[str, int]) -> str:
+        """The file rewritten to `dims`."""
+        named = {k: v for k, v in dims.items() if k not in self.literal_keys}
+        by_value = {self.original[k]: v for k, v in dims.items() if k in self.literal_keys}
+        if self.entry.kind == "workload":
+            if self.hard_coded:
+                by_value.update({self.original[k]: v for k, v in named.items()})
+            edit = SizeEdit(config=named, literals=by_value, literal_scopes=self.scopes)
+        else:
+            edit = SizeEdit(constants=named, literals=by_value, literal_scopes=self.scopes)
+        return rewrite_sizes(self.source, edit)
+
+
+def load(entry: Entry, runner: ReferenceRunner) -> Loaded:
+    """Build the task for one entry, running their code only in the runner's worker."""
+    text = entry.path.read_text()
+    stripped = strip_harness(text).source
+    missing = {"workload": ("create_inputs", "workload"), "model": ("Model", "get_inputs")}[entry.kind]
+    defined = top_level_names(stripped)
+    if any(m not in defined for m in missing):
+        raise LoadError(f"{entry.path.name} does not define {' and '.join(m for m in missing if m not in defined)}")
+    fs = FileSizes(entry, stripped)
+    check, cap, check_described = _fit_check_sizes(fs, runner)
+    cases: list[Case] = []
+    sources: dict[str, str] = {}
+    described: dict[str, Described] = {}
+
+    def add(split: str, size: str, dims: dict[str, int], source: str, d: Described) -> None:
+        case = case_grid(split, size, [dims], [fs.dtype])[0]
+        cases.append(case)
+        sources[case.name], described[case.name] = source, d
+
+    add("train", "check", check, fs.source_for(check), check_described)
+    heldout_kind, heldout, heldout_described = "none the reference accepts: the train sizes", check, check_described
+    for kind, dims in sizes.heldout_variants(check, fs.original):
+        try:
+            heldout_described = describe(runner, fs.source_for(dims), entry.kind, fs.dtype)
+        except ReferenceFailed:
+            continue
+        heldout_kind, heldout = kind, dims
+        break
+    add("heldout", "check", heldout, fs.source_for(heldout), heldout_described)
+    notes = []
+    for split, dims in (("train", fs.original), ("heldout", sizes.batch_one(fs.original, fs.original))):
+        if split == "heldout" and dims == fs.original:
+            continue  # no batch dimension to change
+        try:
+            d = describe(runner, fs.source_for(dims), entry.kind, fs.dtype)
+        except ReferenceFailed as exc:
+            notes.append(f"no {split} bench size: {exc}")
+            continue
+        add(split, "bench", dims, fs.source_for(dims), d)
+    reference = SuiteReference(runner, entry.kind, fs.dtype, sources, described)
+    try:
+        reference.sample(cases[0], 0)
+    except ReferenceFailed as exc:
+        raise LoadError(str(exc)) from None
+    task = _task(entry, stripped, cases, reference)
+    return Loaded(task, cap, fs.hard_coded, heldout_kind, sorted(reference.repaired), notes)
+
+
+def _fit_check_sizes(fs: FileSizes, runner: ReferenceRunner) -> tuple[dict[str, int], int, Described]:
+    """The largest check sizes, by the power-of-two rule with the smallest cap needed, whose
+    arguments, outputs and reference work fit interpret mode's budgets."""
+    last_error = None
+    for cap in sizes.CAPS:
+        dims = sizes.scale_all(fs.original, cap)
+        try:
+            d = describe(runner, fs.source_for(dims), fs.entry.kind, fs.dtype)
+        except ReferenceFailed as exc:
+            last_error = exc
+            continue
+        if d.elements <= sizes.MAX_CHECK_ELEMENTS and d.cost.flops <= sizes.MAX_CHECK_FLOPS:
+            return dims, cap, d
+        last_error = None
+    if last_error is not None:
+        raise LoadError(f"their code fails at every check size tried: {last_error}")
+    raise LoadError(f"no check size within {sizes.MAX_CHECK_ELEMENTS} elements and "
+                    f"{sizes.MAX_CHECK_FLOPS:.0e} FLOPs (scaling the sizes {fs.original})")
+
+
+def _runs_in_the_sandbox(*args: Any) -> Any:
+    raise RuntimeError("an imported task's reference is third-party code: it runs in a sandboxed "
+                       "worker (Task.external), never in this process")
+
+
+def _task(entry: Entry, stripped: str, cases: list[Case], reference: SuiteReference) -> Task:
+    described = reference.described
+    check = described[cases[0].name]
+    docstring = (ast.get_docstring(ast.parse(stripped)) or "").strip().splitlines()
+    about = docstring[0].strip() if docstring else entry.path.stem
+    if entry.kind == "workload":
+        entry_point = "workload"
+        args = ", ".join(f"{n}{_shape(s, d)}" for n, (s, d) in zip(check.names, check.args))
+        signature = f"workload({args}) -> {', '.join(_shape(s, d) for s, d in check.outs)}"
+        how = ("Write the module in JAXBench's optimized.py format: a `workload` taking the same "
+               "positional arrays as the baseline below and returning the same array, its work done in "
+               "Pallas kernels. CONFIG holds the case's sizes when workload() is called.")
+    else:
+        entry_point = "ModelNew"
+        inputs = ", ".join(f"{n}{_shape(s, d)}" for n, (s, d) in
+                           zip(check.names[:check.n_inputs], check.args[:check.n_inputs]))
+        weights = ", ".join(n for n in check.names[check.n_inputs:]) or "none"
+        signature = f"ModelNew(*get_init_inputs()).forward({inputs}) (weights: {weights})"
+        how = ("Write the module in KernelBench's format: a class `ModelNew` built like `Model` below "
+               "(same __init__ arguments, same weight attributes, which the grader sets) whose "
+               "forward() does the work in Pallas kernels.")
+    return Task(
+        name=entry.name, version=1, level=entry.level,
+        description=f"{about} ({entry.path.parent.name}/{entry.path.name} of JAXBench). {how}",
+        signature=signature,
+        reference=_runs_in_the_sandbox,
+        arg_specs=lambda case: [ArgSpec(s, d) for s, d in described[case.name].args],
+        out_specs=lambda case: [ArgSpec(s, d) for s, d in described[case.name].outs],
+        make_inputs=lambda case, rng: reference.sample(case, int(rng.integers(2**31)))[0],
+        cases=tuple(cases),
+        solution_path=entry.optimized or entry.path,
+        tolerances=dict(SUITE_TOLERANCES),
+        external=reference,
+        adapt_candidate=partial(adapt_candidate, entry.kind, _case_table(cases, described)),
+        entry_point=entry_point,
+        reference_text=stripped,
+        tpu=TUNED_FOR,
+    )
+
+
+def _shape(shape: tuple[int, ...], dtype: str) -> str:
+    return f"[{', '.join(map(str, shape))}] {dtype}"
+
+
+def _case_table(cases: list[Case], described: dict[str, Described]) -> dict[tuple, dict[str, Any]]:
+    """What the shim needs per case, keyed by the shapes of kernel()'s arguments: the case's
+    sizes (a workload reads CONFIG), and a model's init inputs and weight attributes."""
+    table: dict[tuple, dict[str, Any]] = {}
+    for case in cases:
+        d = described[case.name]
+        table[tuple(tuple(s) for s, _ in d.args)] = {
+            "sizes": case.dims, "init": [_tuples(v) for v in d.init], "n_inputs": d.n_inputs,
+            "weights": [n.removeprefix("self.") for n in d.names[d.n_inputs:]]}
+    return table
+
+
+def _tuples(value: Any) -> Any:
+    """An init input back from JSON: KernelBench passes shapes and kernel sizes as tuples."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def adapt_candidate(kind: str, table: dict[tuple, dict[str, Any]], source: str) -> AdaptedCandidate:
+    """A candidate in the suite's format, made gradable: their harness dropped (and said so),
+    and, unless it defines kernel() itself, a kernel() that calls its entry point."""
+    stripped = strip_harness(source)
+    notes = [f"dropped {what}" for what in stripped.removed]
+    names = top_level_names(stripped.source)
+    if "kernel" in names:
+        return AdaptedCandidate(stripped.source, "", notes)
+    entry = "workload" if kind == "workload" else "ModelNew"
+    if entry not in names:
+        raise CandidateFormatError(f"the module defines neither `{entry}` (this task's entry point) "
+                                   "nor `kernel`")
+    notes.append(f"added kernel(), which calls {entry}")
+    return AdaptedCandidate(stripped.source, _shim(kind, table, "CONFIG" in names), notes)
+
+
+def _shim(kind: str, table: dict[tuple, dict[str, Any]], has_config: bool) -> str:
+    """kernel() for a candidate in the suite's format. A workload may read CONFIG for its
+    sizes (JAXBench's do), so CONFIG gets the traced case's sizes first."""
+    header = "\n\n# Added by the grader: kernel() is its entry point; it calls yours.\n"
+    key = "tuple(tuple(a.shape) for a in args)"
+    if kind == "workload":
+        if not has_config:
+            return f"{header}def kernel(*args):\n    return workload(*args)\n"
+        sizes_by_shapes = {k: v["sizes"] for k, v in table.items()}
+        return (f"{header}_SIZES = {sizes_by_shapes!r}\n\n\ndef kernel(*args):\n"
+                f"    CONFIG.update(_SIZES.get({key}, {{}}))\n    return workload(*args)\n")
+    cases = {k: (v["init"], v["n_inputs"], v["weights"]) for k, v in table.items()}
+    return (f"{header}_CASES = {cases!r}\n\n\ndef kernel(*args):\n"
+            f"    init, n_inputs, weights = _CASES[{key}]\n"
+            "    model = ModelNew(*init)\n"
+            "    for name, value in zip(weights, args[n_inputs:]):\n"
+            "        setattr(model, name, value)\n"
+            "    return model.forward(*args[:n_inputs])\n")

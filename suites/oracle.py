@@ -1,0 +1,112 @@
+"""The host's handle on third-party reference code: one sandboxed worker that runs it.
+
+A peer suite's reference and input maker are code nobody here wrote, so they run where
+candidates run (a worker of evaluator/sandbox.py: its own process group, no network, a
+read-only project, an address-space cap), never in the process that holds the verdicts. The host
+sends each file's text and names a function of suites/driver.py to call on it.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from evaluator.backends import Backend
+from evaluator.jaxpr_cost import Cost
+from evaluator.protocol import Call, Failed
+from evaluator.sandbox import Limits, Worker
+from tasks.spec import Case
+
+REFERENCE_BACKEND = Backend("suite-reference", "cpu", interpret=False, device_compile=False,
+                            times_kernels=False, description="a peer suite's reference code, on the CPU")
+# Tracing a bench-size reference (JAXBench's 7p unrolls 64 sequences in Python) takes a while.
+REFERENCE_LIMITS = Limits(step_timeout_s=300.0)
+
+
+class ReferenceFailed(RuntimeError):
+    """Their code raised (or hung, or killed its worker): the file cannot be used as is."""
+
+
+class ReferenceRunner:
+    """One sandboxed worker shared by a suite's tasks; calls are serialized (thread-safe)."""
+
+    def __init__(self, limits: Limits = REFERENCE_LIMITS):
+        self._worker = Worker(REFERENCE_BACKEND, limits)
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    def call(self, source: str, function: str, args: Sequence[Any],
+             arrays: Sequence[np.ndarray] = ()) -> tuple[Any, list[np.ndarray]]:
+        from evaluator.sandbox import WorkerError
+
+        with self._lock:
+            try:
+                reply, out = self._worker.call(Call(source, f"suites.driver:{function}", list(args)),
+                                               list(arrays), what=f"running the suite's code ({function})")
+            except WorkerError as exc:
+                raise ReferenceFailed(str(exc)) from None
+        if isinstance(reply, Failed):
+            raise ReferenceFailed(f"{reply.error_type}: {reply.error}")
+        return reply.value, out
+
+    def close(self) -> None:
+        self._worker.kill()
+
+
+@dataclass
+class Described:
+    """A case as the reference file builds it (suites/driver.py `describe`)."""
+
+    args: list[tuple[tuple[int, ...], str]]
+    names: list[str]
+    n_inputs: int
+    outs: list[tuple[tuple[int, ...], str]]
+    cost: Cost
+    init: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def from_value(cls, value: dict[str, Any]) -> "Described":
+        return cls([(tuple(s), d) for s, d in value["args"]], value["names"], value["n_inputs"],
+                   [(tuple(s), d) for s, d in value["outs"]], Cost(**value["cost"]), value["init"])
+
+    @property
+    def elements(self) -> int:
+        return sum(int(np.prod(s)) for s, _ in [*self.args, *self.outs])
+
+
+def describe(runner: ReferenceRunner, source: str, kind: str, dtype: str) -> Described:
+    value, _ = runner.call(source, "describe", [kind, dtype])
+    return Described.from_value(value)
+
+
+@dataclass
+class SuiteReference:
+    """One imported task's reference (tasks.spec.ExternalReference): each case's rewritten
+    file, run by the shared runner. Remembers which arguments each seed had to redraw."""
+
+    runner: ReferenceRunner
+    kind: str
+    dtype: str
+    sources: dict[str, str]
+    described: dict[str, Described]
+    repaired: set[str] = field(default_factory=set)
+
+    def sample(self, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray]]:
+        value, arrays = self.runner.call(self.sources[case.name], "sample", [self.kind, self.dtype, seed])
+        if value["constant_output"]:
+            raise ReferenceFailed(f"the reference's output is constant at {case.name} even after "
+                                  "redrawing its all-zero inputs: no kernel can be judged on it")
+        self.repaired.update(value["repaired"])
+        n = value["n_args"]
+        return tuple(arrays[:n]), arrays[n:]
+
+    def outputs(self, case: Case, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        n_inputs = self.described[case.name].n_inputs
+        _, out = self.runner.call(self.sources[case.name], "reference", [self.kind, n_inputs], inputs)
+        return out
+
+    def cost(self, case: Case) -> Cost:
+        return self.described[case.name].cost

@@ -1,0 +1,1 @@
+"""JAXBench Level 1 workloads (fixture)."""
