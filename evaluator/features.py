@@ -1,44 +1,131 @@
 """Stage 5: is each TPU feature a task requires really used by one of its kernels?
 
-Each detector reads the PallasCallInfo that the worker extracted from the jaxpr.
+Declared is not used: a scratch buffer nobody reads, a prefetched scalar nobody looks at, one
+tiny copy started and waited, a one-step axis marked parallel. Each rule below reads what the
+worker found in the kernel (PallasCallInfo: the body's dataflow, evaluator/kernel_dataflow.py,
+and at bench sizes the traffic model) and returns its evidence, which goes into the verdict.
+
+- vmem_scratch: a VMEM scratch buffer is written and read back, and what is read reaches an
+  output (stored there, or moved there by DMA), directly or through other buffers.
+- scalar_prefetch: the prefetched scalars are read by an index map (they choose which block
+  is fetched) or read by the body and used in a computation.
+- manual_dma: at bench sizes, the body's own DMAs move at least half of the bytes of the
+  operands left outside the pipeline (memory space ANY); at check sizes, a copy is started and
+  waited.
+- parallel_grid: at bench sizes, an axis marked parallel has more than one step; at check sizes
+  (where a grid may be one step) an axis is marked parallel.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
 
 from evaluator.jaxpr_analysis import PallasCallInfo
+from tasks.spec import np_dtype
+
+# The share of the ANY operands' bytes the kernel's own DMAs must move at bench sizes.
+MIN_DMA_SHARE = 0.5
 
 
-def _manual_dma(call: PallasCallInfo) -> bool:
+@dataclass
+class Evidence:
+    """What one kernel shows of one feature: `used`, the facts, and why not when not."""
+
+    used: bool
+    facts: dict[str, Any] = field(default_factory=dict)
+    why_not: str = ""
+
+
+def _vmem_scratch(call: PallasCallInfo, bench: bool) -> Evidence:
+    buffers = []
+    for (shape, dtype, space), use in zip(call.scratch, call.scratch_use):
+        if space == "vmem":
+            buffers.append({"shape": shape, "dtype": dtype, "written": use.written, "read": use.read,
+                            "reaches_output": use.reaches_output})
+    facts = {"kernel": call.name, "vmem_scratch": buffers}
+    if any(b["written"] and b["read"] and b["reaches_output"] for b in buffers):
+        return Evidence(True, facts)
+    if not buffers:
+        return Evidence(False, facts, f"{call.name} declares no VMEM scratch")
+    b = buffers[0]
+    missing = ("never written" if not b["written"] else "never read back" if not b["read"]
+               else "read, but what is read never reaches an output")
+    return Evidence(False, facts, f"{call.name} declares VMEM scratch {b['dtype']}{b['shape']} but it is {missing}")
+
+
+def _scalar_prefetch(call: PallasCallInfo, bench: bool) -> Evidence:
+    body = [u.read and u.feeds_computation for u in call.prefetch_use]
+    facts = {"kernel": call.name, "prefetched": call.num_scalar_prefetch,
+             "index_maps_reading_them": call.prefetch_index_maps, "read_and_used_by_body": body}
+    if call.num_scalar_prefetch and (call.prefetch_index_maps or any(body)):
+        return Evidence(True, facts)
+    if not call.num_scalar_prefetch:
+        return Evidence(False, facts, f"{call.name} prefetches no scalars")
+    return Evidence(False, facts, f"{call.name} prefetches {call.num_scalar_prefetch} operand(s) that "
+                                  "no index map reads and the body never uses")
+
+
+def _manual_dma(call: PallasCallInfo, bench: bool) -> Evidence:
     prims = set(call.kernel_primitives)
-    return "dma_start" in prims and "dma_wait" in prims
+    started = "dma_start" in prims and "dma_wait" in prims
+    any_bytes = sum(int(np.prod(b.array_shape)) * np_dtype(b.dtype).itemsize
+                    for b in call.blocks if b.memory_space in ("any", "hbm"))
+    moved = call.dma_bytes_per_step * call.grid_steps * call.runs
+    facts = {"kernel": call.name, "dma_started_and_waited": started}
+    if not bench:
+        return Evidence(started, facts, "" if started else f"{call.name} starts and waits no DMA")
+    facts.update(dma_bytes=moved, any_operand_bytes=any_bytes)
+    if not started:
+        return Evidence(False, facts, f"{call.name} starts and waits no DMA")
+    if not any_bytes:
+        return Evidence(False, facts, f"{call.name} leaves no operand outside the pipeline "
+                                      "(memory space ANY) for its DMAs to move")
+    if moved < MIN_DMA_SHARE * any_bytes:
+        return Evidence(False, facts, f"{call.name}'s DMAs move {moved / any_bytes:.1%} of the "
+                                      f"{any_bytes / 2**20:.1f} MiB of its ANY operands")
+    return Evidence(True, facts)
 
 
-def _vmem_scratch(call: PallasCallInfo) -> bool:
-    return any(space == "vmem" for _, _, space in call.scratch)
+def _parallel_grid(call: PallasCallInfo, bench: bool) -> Evidence:
+    semantics = call.dimension_semantics or []
+    parallel = [i for i, s in enumerate(semantics) if s in ("parallel", "core_parallel")]
+    steps = {i: call.grid[i] if i < len(call.grid) else 1 for i in parallel}
+    facts = {"kernel": call.name, "grid": call.grid, "parallel_axes": parallel}
+    if not parallel:
+        return Evidence(False, facts, f"{call.name} marks no grid axis parallel")
+    if bench and not any(n > 1 for n in steps.values()):
+        return Evidence(False, facts, f"{call.name}'s parallel axes {parallel} have one step each "
+                                      f"(grid {call.grid})")
+    return Evidence(True, facts)
 
 
-def _scalar_prefetch(call: PallasCallInfo) -> bool:
-    return call.num_scalar_prefetch > 0
-
-
-def _parallel_grid(call: PallasCallInfo) -> bool:
-    return any(s in ("parallel", "core_parallel") for s in (call.dimension_semantics or []))
-
-
-DETECTORS: dict[str, tuple[Callable[[PallasCallInfo], bool], str]] = {
-    "manual_dma": (_manual_dma, "start and wait async copies inside the kernel "
-                                "(pltpu.make_async_copy(...).start() / .wait())"),
-    "vmem_scratch": (_vmem_scratch, "allocate a VMEM scratch buffer (scratch_shapes=[pltpu.VMEM(...)])"),
-    "scalar_prefetch": (_scalar_prefetch, "prefetch scalars to SMEM with "
-                                          "pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=...)"),
-    "parallel_grid": (_parallel_grid, "mark a grid axis \"parallel\" in "
-                                      "pltpu.CompilerParams(dimension_semantics=...)"),
+DETECTORS: dict[str, tuple[Callable[[PallasCallInfo, bool], Evidence], str]] = {
+    "manual_dma": (_manual_dma, "leave the large operand in HBM (memory_space=pl.ANY) and copy the "
+                                "parts each grid step needs into VMEM yourself (pltpu.make_async_copy(...)"
+                                ".start() / .wait()), double-buffered"),
+    "vmem_scratch": (_vmem_scratch, "allocate a VMEM scratch buffer (scratch_shapes=[pltpu.VMEM(...)]), "
+                                    "accumulate into it across the grid steps and write it to the output "
+                                    "at the last one"),
+    "scalar_prefetch": (_scalar_prefetch, "prefetch the indices or lengths to SMEM with "
+                                          "pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=...) and read them "
+                                          "in the index maps (to choose blocks) or in the body (to bound loops, "
+                                          "mask)"),
+    "parallel_grid": (_parallel_grid, "split the work over a grid axis with more than one step and mark it "
+                                      "\"parallel\" in pltpu.CompilerParams(dimension_semantics=...)"),
 }
 
 
-def missing_features(required: tuple[str, ...], calls: list[PallasCallInfo]) -> list[str]:
-    return [name for name in required if not any(DETECTORS[name][0](c) for c in calls)]
+def feature_evidence(name: str, calls: list[PallasCallInfo], bench: bool) -> list[Evidence]:
+    """Each kernel's evidence for one feature; the feature is used if any kernel uses it."""
+    detector = DETECTORS[name][0]
+    return [detector(call, bench) for call in calls]
+
+
+def missing_features(required: tuple[str, ...], calls: list[PallasCallInfo], bench: bool = False) -> list[str]:
+    """The required features no kernel uses."""
+    return [name for name in required if not any(e.used for e in feature_evidence(name, calls, bench))]
 
 
 def how_to_use(name: str) -> str:

@@ -6,7 +6,7 @@ returns plain dataclasses so the verdict logic never touches jax objects.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -15,6 +15,7 @@ from evaluator import intervals
 from evaluator import traffic as traffic_analysis
 from evaluator.jaxpr_cost import Cost, walk
 from evaluator.jaxpr_walk import sub_jaxprs
+from evaluator.kernel_dataflow import RefUse, ref_uses
 
 
 @dataclass
@@ -45,6 +46,12 @@ class PallasCallInfo:
     # flops_per_step and dma_bytes_per_step are lower bounds (traffic analysis only).
     data_dependent_trips: bool = False
     runs: float = 1.0  # times the call runs: trip counts of the loops around it, outside kernels
+    # What the body does with its scratch buffers and prefetched scalars (kernel_dataflow.py),
+    # aligned with `scratch` and with the prefetched operands; and which blocks' index maps
+    # read prefetched scalars (by index into `blocks`). The evidence of the features stage.
+    scratch_use: list[RefUse] = field(default_factory=list)
+    prefetch_use: list[RefUse] = field(default_factory=list)
+    prefetch_index_maps: list[int] = field(default_factory=list)
 
     @property
     def grid_steps(self) -> int:
@@ -127,6 +134,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
     if traffic:
         step = traffic_analysis.kernel_cost_per_step(
             kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds))
+    scratch_use, prefetch_use = _ref_evidence(gm, kernel_jaxpr)
     return PallasCallInfo(
         name=_kernel_name(eqn),
         grid=list(grid),
@@ -141,7 +149,22 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         dma_bytes_per_step=step.dma_bytes,
         data_dependent_trips=step.data_dependent_trips or unbounded_grid,
         runs=runs,
+        scratch_use=scratch_use,
+        prefetch_use=prefetch_use,
+        prefetch_index_maps=[i for i, bm in enumerate(gm.block_mappings)
+                             if traffic_analysis.reads_prefetched(bm, len(grid))],
     )
+
+
+def _ref_evidence(gm: Any, kernel_jaxpr: Any) -> tuple[list[RefUse], list[RefUse]]:
+    """Uses of the scratch refs and the prefetched-scalar refs of a kernel body, whose inputs
+    are, in order: prefetched scalars, inputs, outputs, scratch."""
+    invars = kernel_jaxpr.invars
+    n_pre, n_in, n_out = int(gm.num_index_operands), int(gm.num_inputs), int(gm.num_outputs)
+    outputs = invars[n_pre + n_in:n_pre + n_in + n_out]
+    scratch = invars[n_pre + n_in + n_out:]
+    uses = ref_uses(kernel_jaxpr, [*scratch, *invars[:n_pre]], outputs)
+    return uses[:len(scratch)], uses[len(scratch):]
 
 
 def _bounded_grid(grid: tuple[int, ...], operand_bounds: list[intervals.Interval] | None

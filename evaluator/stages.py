@@ -226,15 +226,23 @@ def _missing_work(summary: TraceSummary, ref_flops: float, case: Case) -> Failur
 
 # --- 5. required TPU features ------------------------------------------------------------------
 def features_stage(ctx: GradingContext) -> Failure | None:
+    """Every required feature used (not only declared) by some kernel at every case; the rules
+    are in evaluator/features.py. What was found goes into details["features"]."""
     if not ctx.task.required_features:
         return None
+    found: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    ctx.verdict.details["features"] = found
     for case in ctx.traced_cases:
-        missing = feature_checks.missing_features(ctx.task.required_features,
-                                                  ctx.summaries[case.name].pallas_calls)
-        if missing:
-            hints = "; ".join(f"{m}: {feature_checks.how_to_use(m)}" for m in missing)
-            return Failure("missing_feature", f"task {ctx.task.name} requires {', '.join(missing)}, "
-                           f"which no kernel uses at case {case.name} ({hints}).")
+        calls = ctx.summaries[case.name].pallas_calls
+        for name in ctx.task.required_features:
+            evidence = feature_checks.feature_evidence(name, calls, bench=case.size == "bench")
+            found.setdefault(name, {})[case.name] = [e.facts for e in evidence]
+            if any(e.used for e in evidence):
+                continue
+            why = "; ".join(e.why_not for e in evidence) or "there is no kernel"
+            return Failure("missing_feature", f"task {ctx.task.name} requires {name}, which no kernel "
+                           f"uses at case {case.describe()}: {why}. To use it, "
+                           f"{feature_checks.how_to_use(name)}.")
     return None
 
 

@@ -44,6 +44,13 @@ def block_fetches(block_mapping: Any, grid: tuple[int, ...]) -> int | None:
     return 1 + changes
 
 
+def reads_prefetched(block_mapping: Any, n_grid: int) -> bool:
+    """Whether a block's index map reads the prefetched scalars it is given after the grid
+    indices (a data-dependent block index: paged attention's page table)."""
+    jaxpr = block_mapping.index_map_jaxpr.jaxpr
+    return _reads(jaxpr, jaxpr.invars[n_grid:])
+
+
 def _reads(jaxpr: Any, variables: list) -> bool:
     """Whether any equation of `jaxpr` (or its result) uses one of `variables`."""
     wanted = {id(v) for v in variables}

@@ -1,0 +1,162 @@
+"""What a kernel body does with its refs: which are written and read, and where values read
+from them flow. The evidence behind the `vmem_scratch` and `scalar_prefetch` requirements
+(evaluator/features.py): declared is not used.
+
+A kernel body is a jaxpr whose inputs are refs (prefetched scalars, inputs, outputs, scratch).
+Refs and values travel into nested jaxprs (pl.when's cond, fori_loop's while or scan,
+run_scoped, calls) by position; each such binding joins the inner variable with the outer one,
+so a ref is one thing wherever it is used. Values read from a ref are followed through every
+equation (taint), and a ref that receives such a value, by a store or by a DMA, becomes a
+source in turn; this runs to a fixed point, so a value stored in one loop iteration and read in
+the next is followed too. It over-approximates (an equation that takes a followed value passes
+it to all its results), which is the safe side for a check that refuses kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from evaluator.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
+
+# Primitives that read a ref's contents into a value, and that write a value into a ref
+# (their first operand is the ref).
+READS = frozenset({"get", "load", "masked_load", "addupdate"})
+WRITES = frozenset({"swap", "masked_swap", "store", "addupdate"})
+
+
+@dataclass
+class RefUse:
+    """One ref of a kernel body: is it written, is it read, and does a value read from it
+    reach an output (stored there, or copied there by DMA), or any computation at all."""
+
+    written: bool = False
+    read: bool = False
+    reaches_output: bool = False
+    feeds_computation: bool = False
+
+
+class _Aliases:
+    """Union-find over jaxpr variables: an inner binding and its outer operand are one."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, v: Any) -> int:
+        key = id(v)
+        root = self.parent.setdefault(key, key)
+        while root != self.parent[root]:
+            root = self.parent[root]
+        self.parent[key] = root
+        return root
+
+    def join(self, a: Any, b: Any) -> None:
+        if _is_var(a) and _is_var(b):
+            self.parent[self.find(a)] = self.find(b)
+
+
+def _is_var(v: Any) -> bool:
+    return hasattr(v, "aval") and not hasattr(v, "val")  # Literals carry .val
+
+
+def _is_ref(v: Any) -> bool:
+    return _is_var(v) and hasattr(v.aval, "inner_aval")
+
+
+def _flatten(jaxpr: Any, aliases: _Aliases) -> Iterator[Any]:
+    """Every equation of the body, nested ones included, with their bindings joined."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in _bound_sub_jaxprs(eqn, aliases):
+            yield from _flatten(sub, aliases)
+
+
+def _bound_sub_jaxprs(eqn: Any, aliases: _Aliases) -> list[Any]:
+    name, params = eqn.primitive.name, eqn.params
+    subs = list(sub_jaxprs(eqn))
+    if name == "cond":
+        for branch in subs:
+            _join_all(aliases, eqn.invars[1:], branch.invars)
+            _join_all(aliases, branch.outvars, eqn.outvars)
+    elif name == "while":
+        cond = _open(params["cond_jaxpr"])
+        body = _open(params["body_jaxpr"])
+        nc, nb = params["cond_nconsts"], params["body_nconsts"]
+        carry = eqn.invars[nc + nb:]
+        _join_all(aliases, eqn.invars[:nc], cond.invars[:nc])
+        _join_all(aliases, carry, cond.invars[nc:])
+        _join_all(aliases, eqn.invars[nc:nc + nb], body.invars[:nb])
+        _join_all(aliases, carry, body.invars[nb:])
+        _join_all(aliases, body.outvars, carry)
+        _join_all(aliases, carry, eqn.outvars)
+    elif name == "scan":
+        body = subs[0]
+        nconsts, ncarry = params["num_consts"], params["num_carry"]
+        _join_all(aliases, eqn.invars, body.invars)
+        _join_all(aliases, body.outvars[:ncarry], eqn.invars[nconsts:nconsts + ncarry])
+        _join_all(aliases, body.outvars, eqn.outvars)
+    else:  # calls (pjit, closed_call, custom_jvp...), run_scoped: operands bind from the end
+        for sub in subs:
+            _join_all(aliases, eqn.invars[::-1], sub.invars[::-1])
+            _join_all(aliases, sub.outvars[::-1], eqn.outvars[::-1])
+    return subs
+
+
+def _open(item: Any) -> Any:
+    return item.jaxpr if is_closed_jaxpr(item) else item
+
+
+def _join_all(aliases: _Aliases, inner: Any, outer: Any) -> None:
+    for a, b in zip(inner, outer):
+        aliases.join(a, b)
+
+
+def ref_uses(kernel_jaxpr: Any, sources: list[Any], outputs: list[Any]) -> list[RefUse]:
+    """For each ref in `sources` (kernel body invars): its use, followed as described above.
+    `outputs` are the body's output refs."""
+    aliases = _Aliases()
+    eqns = list(_flatten(kernel_jaxpr, aliases))
+    out_ids = {aliases.find(o) for o in outputs}
+    return [_follow(eqns, aliases, aliases.find(src), out_ids) for src in sources]
+
+
+def _follow(eqns: list[Any], aliases: _Aliases, source: int, outputs: set[int]) -> RefUse:
+    use = RefUse()
+    for eqn in eqns:
+        refs = [aliases.find(v) for v in eqn.invars if _is_ref(v)]
+        name = eqn.primitive.name
+        if refs and refs[0] == source:
+            use.written |= name in WRITES
+            use.read |= name in READS
+        if source in refs and name not in READS | WRITES:  # a DMA from or into it, or a call
+            use.written = use.read = True
+    carriers = {source}  # refs holding data that came from the source
+    tainted: set[int] = set()  # values computed from such data
+    changed = True
+    while changed:
+        changed = False
+        for eqn in eqns:
+            name = eqn.primitive.name
+            refs = [aliases.find(v) for v in eqn.invars if _is_ref(v)]
+            from_value = any(aliases.find(v) in tainted for v in eqn.invars if _is_var(v) and not _is_ref(v))
+            use.feeds_computation |= from_value
+            if name in WRITES:  # a store: its first ref receives the value; swap returns the old one
+                receives, returns = from_value, bool(refs) and refs[0] in carriers
+                targets = refs[:1]
+            elif name in READS:
+                receives, returns = False, from_value or (bool(refs) and refs[0] in carriers)
+                targets = []
+            else:  # arithmetic, or a DMA / call that moves between all its refs
+                moved = from_value or any(r in carriers for r in refs)
+                receives, returns, targets = moved, moved, refs
+            if receives:
+                use.reaches_output |= any(t in outputs for t in targets)
+                for t in targets:
+                    if t not in carriers:
+                        carriers.add(t)
+                        changed = True
+            if returns:
+                for out in eqn.outvars:
+                    if _is_var(out) and aliases.find(out) not in tainted:
+                        tainted.add(aliases.find(out))
+                        changed = True
+    return use

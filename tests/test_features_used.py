@@ -1,0 +1,60 @@
+"""Required features must be used, not only declared (evaluator/features.py): a token use of
+each of the four is refused with missing_feature, and the verdict carries the evidence."""
+import dataclasses
+
+import pytest
+
+from conftest import HONEST, TESTS
+from tasks import get_task
+
+TOKENS = TESTS / "token_features"
+
+
+def _requiring(task_name: str, feature: str):
+    """A task that requires `feature` on top of its own (the detector is what is tested)."""
+    task = get_task(task_name)
+    return dataclasses.replace(task, required_features=(*task.required_features, feature))
+
+
+CASES = [
+    # (task, token kernel, feature, what the refusal says)
+    (get_task("matmul_int8_scaled"), "vmem_scratch_untouched", "vmem_scratch", "is never written"),
+    (get_task("batched_matmul"), "parallel_grid_one_step", "parallel_grid", "have one step each"),
+    (_requiring("matmul", "manual_dma"), "manual_dma_tiny_copy", "manual_dma", "of its ANY operands"),
+    (_requiring("matmul", "scalar_prefetch"), "scalar_prefetch_unread", "scalar_prefetch",
+     "no index map reads and the body never uses"),
+]
+
+
+@pytest.mark.parametrize("task,token,feature,why", CASES, ids=[c[2] for c in CASES])
+def test_a_token_use_is_refused_with_the_evidence(evaluator, task, token, feature, why):
+    verdict = evaluator.grade(task, (TOKENS / f"{token}.py").read_text(), seed=0)
+    assert verdict.status == "missing_feature", verdict.message
+    assert f"requires {feature}" in verdict.message and why in verdict.message
+    assert "To use it," in verdict.message
+    evidence = verdict.details["features"][feature]
+    assert evidence and all(isinstance(facts, list) for facts in evidence.values())
+
+
+def test_real_uses_pass_the_features_stage(evaluator):
+    """Declared and used: the manual-DMA matmul copies every byte of its HBM operands; a
+    prefetched scalar read by an index map chooses the block."""
+    dma = evaluator.grade(_requiring("matmul", "manual_dma"), (HONEST / "matmul_manual_dma.py").read_text(),
+                          seed=0, through="features")
+    assert dma.status == "pending", dma.message
+    bench = [facts for case, facts in dma.details["features"]["manual_dma"].items() if "bench" in case]
+    assert bench and all(f[0]["dma_bytes"] >= 0.5 * f[0]["any_operand_bytes"] > 0 for f in bench)
+    read = (TOKENS / "scalar_prefetch_unread.py").read_text().replace(
+        "lambda i, j, s: (i, 0)", "lambda i, j, s: (i + s[0], 0)")
+    prefetch = evaluator.grade(_requiring("matmul", "scalar_prefetch"), read, seed=0, through="features")
+    assert prefetch.status == "pending", prefetch.message
+    facts = next(iter(prefetch.details["features"]["scalar_prefetch"].values()))[0]
+    assert facts["index_maps_reading_them"] == [0]
+
+
+def test_every_solution_with_required_features_shows_its_use(evaluator):
+    for task in [t for t in map(get_task, ("fused_cross_entropy", "grouped_matmul", "paged_attention",
+                                            "batched_matmul"))]:
+        verdict = evaluator.grade(task, task.solution_source(), seed=0, through="features")
+        assert verdict.status == "pending", f"{task.name}: {verdict.message}"
+        assert set(verdict.details["features"]) == set(task.required_features)
