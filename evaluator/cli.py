@@ -315,7 +315,8 @@ def _check_solutions(args: argparse.Namespace, suite: list) -> int:
 
 def cmd_check_suite(args: argparse.Namespace) -> int:
     from evaluator.grader import Evaluator
-    from suites.report import SuiteRow, check_suite, grader_lied, summary
+    from suites.jaxbench import TUNED_FOR
+    from suites.report import SuiteRow, check_suite, grader_lied, markdown, summary
 
     with open_suite_option(args.suite) as imported:
         unknown = [n for n in args.task or [] if n not in imported.entries]
@@ -336,7 +337,7 @@ def cmd_check_suite(args: argparse.Namespace) -> int:
             fixed = f", repaired {', '.join(row.repaired)}" if row.repaired else ""
             console.print(f"  {row.name:<60} baseline {row.baseline}, zeros {row.zeros}{opt}{fixed}")
 
-        generation = args.tpu or "v6e"
+        generation = args.tpu or TUNED_FOR
         with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=generation) as ev:
             rows = check_suite(imported, ev, names, on_row=show, seed=args.seed)
     totals = summary(rows)
@@ -344,14 +345,7 @@ def cmd_check_suite(args: argparse.Namespace) -> int:
         print(json.dumps({"generation": generation, "summary": totals,
                           "rows": [r.to_dict() for r in rows]}, indent=2))
     elif args.markdown:
-        print("| entry | loaded | check sizes | bench sizes | held-out | repaired | baseline | zeros | optimized.py |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            sizes = ", ".join(f"{k}={v}" for k, v in r.check_sizes.items())
-            bench = ", ".join(f"{k}={v}" for k, v in r.bench_sizes.items())
-            print(f"| `{r.name}` | {'yes' if r.loaded else 'no: ' + r.why_not[:120].replace('|', '/')} | "
-                  f"{sizes} | {bench} | {r.heldout} | {', '.join(r.repaired) or '-'} | {r.baseline or '-'} | "
-                  f"{r.zeros or '-'} | {r.optimized or '-'} |")
+        print(markdown(rows))
     for group, g in totals["groups"].items():
         print(f"{group}: {g['loaded']}/{g['entries']} loaded", file=sys.stderr)
     print(f"baselines refused as no_kernel: {totals['baselines_no_kernel']}/{totals['loaded']}; "

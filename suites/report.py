@@ -117,6 +117,22 @@ def summary(rows: list[SuiteRow]) -> dict[str, Any]:
     }
 
 
+def markdown(rows: list[SuiteRow]) -> str:
+    """The rows as a Markdown table (check-suite --markdown)."""
+    lines = ["| entry | loaded | check sizes | bench sizes | held-out | repaired | baseline | zeros | optimized.py |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        loaded = "yes" if r.loaded else "no: " + " ".join(r.why_not.split())[:120].replace("|", "/")
+        lines.append(f"| `{r.name}` | {loaded} | {_sizes(r.check_sizes)} | {_sizes(r.bench_sizes)} | "
+                     f"{r.heldout} | {', '.join(r.repaired) or '-'} | {r.baseline or '-'} | {r.zeros or '-'} | "
+                     f"{r.optimized or '-'} |")
+    return "\n".join(lines)
+
+
+def _sizes(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())
+
+
 def grader_lied(rows: list[SuiteRow]) -> list[str]:
     """Entries where the grader accepted what it must refuse: a plain-JAX baseline or zeros."""
     return [r.name for r in rows if r.loaded and (r.baseline == "correct" or r.zeros == "correct")]
