@@ -23,7 +23,8 @@ class SuiteError(ValueError):
 
 class Suite:
     """A checkout's entries; each becomes a task when first asked for (building one runs their
-    code in the sandbox), and is then registered so graders find it by name."""
+    code in the sandbox). Imported tasks stay out of the `tasks` registry: `all_tasks()` is our
+    suite, and graders take the Task objects this returns."""
 
     def __init__(self, kind: str, root: Path):
         self.kind, self.root = kind, root
@@ -52,7 +53,6 @@ class Suite:
                 self.failed[name] = str(exc)
                 raise LoadError(str(exc)) from None
             self.loaded[name] = loaded
-            tasks.register(loaded.task, replace=True)
             return loaded.task
 
     def entry(self, name: str) -> Entry:

@@ -24,9 +24,8 @@ class UnknownTaskError(KeyError):
         return str(self.args[0])
 
 
-def register(task: Task, replace: bool = False) -> Task:
-    """Add a task; `replace`: an imported task built again (suites/) takes the old one's place."""
-    if task.name in _REGISTRY and not replace:
+def register(task: Task) -> Task:
+    if task.name in _REGISTRY:
         raise ValueError(f"task {task.name!r} is registered twice")
     _REGISTRY[task.name] = task
     return task
