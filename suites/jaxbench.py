@@ -131,36 +131,34 @@ def load(entry: Entry, runner: ReferenceRunner) -> Loaded:
     if any(m not in defined for m in missing):
         raise LoadError(f"{entry.path.name} does not define {' and '.join(m for m in missing if m not in defined)}")
     fs = FileSizes(entry, stripped)
-    check, cap, check_described = _fit_check_sizes(fs, runner)
+    check, cap, check_case = _fit_check_sizes(fs, runner)
     cases: list[Case] = []
     sources: dict[str, str] = {}
     described: dict[str, Described] = {}
 
-    def add(split: str, size: str, dims: dict[str, int], source: str, d: Described) -> None:
+    def add(split: str, size: str, dims: dict[str, int], built: tuple[str, Described]) -> None:
         case = case_grid(split, size, [dims], [fs.dtype])[0]
         cases.append(case)
-        sources[case.name], described[case.name] = source, d
+        sources[case.name], described[case.name] = built
 
-    add("train", "check", check, fs.source_for(check), check_described)
-    heldout_kind, heldout, heldout_described = "none the reference accepts: the train sizes", check, check_described
+    add("train", "check", check, check_case)
+    heldout_kind, heldout, heldout_case = "none the reference accepts: the train sizes", check, check_case
     for kind, dims in sizes.heldout_variants(check, fs.original):
         try:
-            heldout_described = describe(runner, fs.source_for(dims), entry.kind, fs.dtype)
+            heldout_case = _build(fs, dims, runner)
         except ReferenceFailed:
             continue
         heldout_kind, heldout = kind, dims
         break
-    add("heldout", "check", heldout, fs.source_for(heldout), heldout_described)
+    add("heldout", "check", heldout, heldout_case)
     notes = []
     for split, dims in (("train", fs.original), ("heldout", sizes.batch_one(fs.original, fs.original))):
         if split == "heldout" and dims == fs.original:
             continue  # no batch dimension to change
         try:
-            d = describe(runner, fs.source_for(dims), entry.kind, fs.dtype)
+            add(split, "bench", dims, _build(fs, dims, runner))
         except ReferenceFailed as exc:
             notes.append(f"no {split} bench size: {exc}")
-            continue
-        add(split, "bench", dims, fs.source_for(dims), d)
     reference = SuiteReference(runner, entry.kind, fs.dtype, sources, described)
     try:
         reference.sample(cases[0], 0)
@@ -170,19 +168,27 @@ def load(entry: Entry, runner: ReferenceRunner) -> Loaded:
     return Loaded(task, cap, fs.hard_coded, heldout_kind, sorted(reference.repaired), notes)
 
 
-def _fit_check_sizes(fs: FileSizes, runner: ReferenceRunner) -> tuple[dict[str, int], int, Described]:
+def _build(fs: FileSizes, dims: dict[str, int], runner: ReferenceRunner) -> tuple[str, Described]:
+    """The file rewritten to `dims`, and what their reference makes of it (ReferenceFailed if
+    it cannot run at those sizes)."""
+    source = fs.source_for(dims)
+    return source, describe(runner, source, fs.entry.kind, fs.dtype)
+
+
+def _fit_check_sizes(fs: FileSizes, runner: ReferenceRunner) -> tuple[dict[str, int], int, tuple[str, Described]]:
     """The largest check sizes, by the power-of-two rule with the smallest cap needed, whose
     arguments, outputs and reference work fit interpret mode's budgets."""
     last_error = None
     for cap in sizes.CAPS:
         dims = sizes.scale_all(fs.original, cap)
         try:
-            d = describe(runner, fs.source_for(dims), fs.entry.kind, fs.dtype)
+            built = _build(fs, dims, runner)
         except ReferenceFailed as exc:
             last_error = exc
             continue
+        d = built[1]
         if d.elements <= sizes.MAX_CHECK_ELEMENTS and d.cost.flops <= sizes.MAX_CHECK_FLOPS:
-            return dims, cap, d
+            return dims, cap, built
         last_error = None
     if last_error is not None:
         raise LoadError(f"their code fails at every check size tried: {last_error}")
