@@ -1,5 +1,5 @@
-"""Command line: `python -m evaluator tasks|run|check-solutions|estimate|tune` (stable: scripts
-rely on it).
+"""Command line: `python -m evaluator tasks|run|check-solutions|check-suite|estimate|tune`
+(stable: scripts rely on it).
 
 Exit codes: 0 when a verdict was reached (whatever it is), 2 for a usage error (unknown
 task, missing file), 1 from check-solutions when a reference solution is not correct.

@@ -64,12 +64,15 @@ CASES = (
     + case_grid("heldout", "bench", [dict(m=3000, d=1000, v=50257)], _DTYPES)
 )
 
-# A mean over many rows hides per-row errors, so the bound is tighter than the defaults. bf16
-# logits are exact products of the inputs in kernel and reference alike; f32 logits on a TPU
-# come from one bf16 pass at default precision, which moves the mean loss by up to 7e-4
-# (relative, 20 seeds), so f32 allows 2e-3. Both stay far below a wrong loss (1% off fails).
+# A mean over many rows hides per-row errors, so the bf16 bound is tighter than the defaults:
+# bf16 logits are exact products of the inputs in kernel and reference alike. f32 logits on a
+# TPU come from one bf16 pass at default precision, and the m=1 held-out case has no rows to
+# average that rounding away: over 3000 seeds its loss moved by 3.2e-4 (median), 1.7e-3
+# (99.9th percentile) and 2.2e-3 (worst), relative, against at most 1.2e-4 for the cases
+# of 140 rows or more. So f32 keeps the default 5e-3 bound. Both stay far below a wrong
+# loss (1% off fails).
 _TOL = Tolerance(atol=1e-3, rtol=1e-3, rel_l2=1e-3)
-_TOL_F32 = Tolerance(atol=2e-3, rtol=2e-3, rel_l2=2e-3)
+_TOL_F32 = Tolerance(atol=3e-3, rtol=3e-3, rel_l2=5e-3)
 
 TASK = Task(
     name="fused_cross_entropy",
