@@ -79,6 +79,7 @@ class Loaded:
     heldout_kind: str
     repaired: list[str]
     notes: list[str] = field(default_factory=list)
+    counts_divided_by: int = 1  # batch and heads of the check sizes, divided to fit
 
 
 LITERAL = "n"  # prefix of a size known only by its literal value: n224_ (case names read n224_32)
@@ -131,7 +132,8 @@ def load(entry: Entry, runner: ReferenceRunner) -> Loaded:
     if any(m not in defined for m in missing):
         raise LoadError(f"{entry.path.name} does not define {' and '.join(m for m in missing if m not in defined)}")
     fs = FileSizes(entry, stripped)
-    check, cap, check_case = _fit_check_sizes(fs, runner)
+    fit = _fit_check_sizes(fs, runner)
+    check, check_case = fit.dims, fit.built
     cases: list[Case] = []
     sources: dict[str, str] = {}
     described: dict[str, Described] = {}
@@ -165,7 +167,8 @@ def load(entry: Entry, runner: ReferenceRunner) -> Loaded:
     except ReferenceFailed as exc:
         raise LoadError(str(exc)) from None
     task = _task(entry, stripped, cases, reference)
-    return Loaded(task, cap, fs.hard_coded, heldout_kind, sorted(reference.repaired), notes)
+    return Loaded(task, fit.cap, fs.hard_coded, heldout_kind, sorted(reference.repaired), notes,
+                  fit.counts_divided_by)
 
 
 def _build(fs: FileSizes, dims: dict[str, int], runner: ReferenceRunner) -> tuple[str, Described]:
@@ -175,25 +178,76 @@ def _build(fs: FileSizes, dims: dict[str, int], runner: ReferenceRunner) -> tupl
     return source, describe(runner, source, fs.entry.kind, fs.dtype)
 
 
-def _fit_check_sizes(fs: FileSizes, runner: ReferenceRunner) -> tuple[dict[str, int], int, tuple[str, Described]]:
-    """The largest check sizes, by the power-of-two rule with the smallest cap needed, whose
-    arguments, outputs and reference work fit interpret mode's budgets."""
+@dataclass
+class CheckFit:
+    """The train check sizes found for a file, and how: the cap on the extents' power of two,
+    and the factor the counts were divided by (1: not at all)."""
+
+    dims: dict[str, int]
+    cap: int
+    counts_divided_by: int
+    built: tuple[str, Described]
+
+
+def _fit_check_sizes(fs: FileSizes, runner: ReferenceRunner) -> CheckFit:
+    """The largest check sizes, by the power-of-two rule, whose arguments, outputs and reference
+    work fit interpret mode's budgets. Counts (batch, heads) shrink first, by the smallest power
+    of two that fits: a tuned kernel's blocks span extents, never counts. The cap on the
+    extents comes down only where counts of 1 do not fit either."""
+    counts = sizes.count_names(fs.original, by_value=fs.hard_coded)
     last_error = None
     for cap in sizes.CAPS:
         dims = sizes.scale_all(fs.original, cap)
         try:
-            built = _build(fs, dims, runner)
+            built = _fits(fs, dims, runner)
         except ReferenceFailed as exc:
             last_error = exc
             continue
-        d = built[1]
-        if d.elements <= sizes.MAX_CHECK_ELEMENTS and d.cost.flops <= sizes.MAX_CHECK_FLOPS:
-            return dims, cap, built
         last_error = None
+        if built is not None:
+            return CheckFit(dims, cap, 1, built)
+        fit = _divide_counts_to_fit(fs, dims, counts, cap, runner)
+        if fit is not None:
+            return fit
     if last_error is not None:
         raise LoadError(f"their code fails at every check size tried: {last_error}")
     raise LoadError(f"no check size within {sizes.MAX_CHECK_ELEMENTS} elements and "
                     f"{sizes.MAX_CHECK_FLOPS:.0e} FLOPs (scaling the sizes {fs.original})")
+
+
+def _divide_counts_to_fit(fs: FileSizes, dims: dict[str, int], counts: list[str], cap: int,
+                          runner: ReferenceRunner) -> CheckFit | None:
+    """The smallest power-of-two division of the counts that fits at these extents, or None
+    when counts of 1 do not fit either. Undivided they did not fit; fitting only gets easier
+    as counts shrink, so a binary search over the exponent finds it."""
+
+    def attempt(exponent: int) -> CheckFit | None:
+        trial = sizes.divide_counts(dims, counts, 1 << exponent)
+        try:
+            built = _fits(fs, trial, runner)
+        except ReferenceFailed:
+            return None
+        return None if built is None else CheckFit(trial, cap, 1 << exponent, built)
+
+    low, high = 0, sizes.largest_count_factor(dims, counts).bit_length() - 1
+    best = attempt(high) if high > 0 else None
+    if best is None:
+        return None
+    while high - low > 1:  # 2**low does not fit, 2**high does
+        mid = (low + high) // 2
+        found = attempt(mid)
+        if found is None:
+            low = mid
+        else:
+            best, high = found, mid
+    return best
+
+
+def _fits(fs: FileSizes, dims: dict[str, int], runner: ReferenceRunner) -> tuple[str, Described] | None:
+    """The case built at `dims` if it is within interpret mode's budgets, else None."""
+    built = _build(fs, dims, runner)
+    d = built[1]
+    return built if d.elements <= sizes.MAX_CHECK_ELEMENTS and d.cost.flops <= sizes.MAX_CHECK_FLOPS else None
 
 
 def _runs_in_the_sandbox(*args: Any) -> Any:

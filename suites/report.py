@@ -24,6 +24,7 @@ class SuiteRow:
     bench_sizes: dict[str, int] = field(default_factory=dict)
     heldout: str = ""
     cap: int | None = None
+    counts_divided_by: int = 1
     hard_coded: bool = False
     repaired: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -81,7 +82,8 @@ def _row(suite: Suite, evaluator: Evaluator, name: str, seed: int) -> SuiteRow:
     check = task.select("train", "check")[0]
     bench = task.select("train", "bench")
     row = SuiteRow(name, True, check_sizes=check.dims, bench_sizes=bench[0].dims if bench else {},
-                   heldout=loaded.heldout_kind, cap=loaded.cap, hard_coded=loaded.hard_coded,
+                   heldout=loaded.heldout_kind, cap=loaded.cap,
+                   counts_divided_by=loaded.counts_divided_by, hard_coded=loaded.hard_coded,
                    repaired=loaded.repaired, notes=loaded.notes)
     baseline = entry.path.read_text()
     if entry.kind == "model":  # a KernelBench problem file submitted as is: its Model is the ModelNew

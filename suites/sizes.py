@@ -3,15 +3,18 @@
 Their sizes are bench sizes (lowered, compiled and timed on a TPU); interpret mode needs sizes
 that run in seconds. A dimension is scaled down to a multiple of the largest power of two that
 divides it, up to 2048 (JAXBench's tuned GEMM takes 1024 x 2048 blocks, its flash attention
-2048-row blocks): a tuned kernel still tiles the check sizes. Where that floor is still too
-large for interpret mode (attention over 4 x 64 heads x 2048 positions), the power of two is
-capped lower, and the task says so: blocks larger than the cap no longer divide.
+2048-row blocks): a tuned kernel still tiles the check sizes. Where that is still too large
+for interpret mode (attention over 4 x 64 heads x 2048 positions), the counts (heads, a small
+batch) are divided first, since no tuned block spans them: 1 x 16 heads x 2048 positions. Only
+where counts of 1 do not fit either is the power of two capped lower, and the task says so:
+blocks larger than the cap no longer divide.
 
 Held-out sizes differ in kind: batch 1, and one dimension made ragged (not a multiple of the
 blocks a kernel tuned for the check sizes would take).
 """
 from __future__ import annotations
 
+import math
 import re
 
 from suites.source import MIN_SIZE
@@ -47,6 +50,31 @@ def scaled(value: int, cap: int) -> int:
 
 def scale_all(sizes: dict[str, int], cap: int) -> dict[str, int]:
     return {k: v if NOT_A_SIZE.search(k) else scaled(v, cap) for k, v in sizes.items()}
+
+
+# Sizes that count independent copies of the work (heads, sequences, a small batch): a tuned
+# kernel's blocks do not span them, so they shrink before the extents a block must divide. A
+# batch of MIN_SIZE or more is an extent too (KernelBench's GEMMs call their M `batch_size`).
+HEADS = re.compile(r"heads|seqs", re.I)
+
+
+def count_names(original: dict[str, int], by_value: bool) -> list[str]:
+    """The count sizes that may shrink. In a file rewritten by value (`by_value`), only a count
+    whose value no other size shares."""
+    names = _unique(original) if by_value else list(original)
+    return [k for k in names if original[k] > 1
+            and (HEADS.search(k) or (is_batch(k) and original[k] < MIN_SIZE))]
+
+
+def divide_counts(dims: dict[str, int], counts: list[str], factor: int) -> dict[str, int]:
+    """`dims` with each count divided by as much of `factor` (a power of two) as divides it,
+    so counts keep their ratios (query heads per kv head) until the smaller reaches 1."""
+    return {**dims, **{k: dims[k] // math.gcd(dims[k], factor) for k in counts}}
+
+
+def largest_count_factor(dims: dict[str, int], counts: list[str]) -> int:
+    """The factor that takes every count to 1 where powers of two allow."""
+    return max((power_of_two_floor(dims[k]) for k in counts), default=1)
 
 
 def is_batch(name: str) -> bool:

@@ -8,6 +8,7 @@ a create_inputs returning a Python int, a Model whose weights are None until set
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from conftest import ROOT, TESTS
 from evaluator.compare import compare
 from suites import LoadError, open_suite
 from suites.report import check_suite, summary
-from suites.sizes import heldout_variants, power_of_two_floor, scaled
+from suites.sizes import count_names, divide_counts, heldout_variants, power_of_two_floor, scaled
 from suites.source import SizeEdit, rewrite_sizes, strip_harness
 
 FIXTURE = TESTS / "peer_suites" / "jaxbench"
@@ -144,8 +145,11 @@ def test_loadable_entries_become_tasks(suite, name):
     heldout = task.select("heldout", "check")[0]
     assert heldout.dims != check.dims
     bench = task.select("train", "bench")[0]
+    counts = count_names(bench.dims, by_value=loaded.hard_coded)
     for key, size in bench.dims.items():  # the power-of-two rule, under the cap it needed
-        if size >= 16:
+        if key in counts:
+            assert check.dims[key] == size // math.gcd(size, loaded.counts_divided_by)
+        elif size >= 16:
             assert check.dims[key] % min(power_of_two_floor(size), loaded.cap) == 0
     assert task.reference_text is not None and "def benchmark" not in task.reference_text
 
@@ -154,6 +158,25 @@ def test_gemm_check_sizes_take_the_tuned_blocks(suite):
     check = suite.task(GEMM).select("train", "check")[0]
     assert check.dims == {"M": 2048, "K": 2048, "N": 2048}
     assert suite.loaded[GEMM].cap == 2048
+
+
+def test_counts_shrink_before_the_extents_a_block_divides(suite):
+    """RMSNorm over 8 x 4096 x 8192 exceeds interpret mode's budget at the full rule (2048-wide
+    extents): the batch is divided, the extents keep their tuned power of two."""
+    check = suite.task("jaxbench/12p_RMSNorm").select("train", "check")[0]
+    assert check.dims == {"batch": 2, "seq_len": 2048, "emb_dim": 2048}
+    assert suite.loaded["jaxbench/12p_RMSNorm"].cap == 2048
+    assert suite.loaded["jaxbench/12p_RMSNorm"].counts_divided_by == 4
+    # counts keep their ratio (query heads per kv head) until the smaller one reaches 1
+    gqa = {"num_query_heads": 128, "num_kv_heads": 8, "seq_len": 2048, "head_dim": 128}
+    names = count_names(gqa, by_value=False)
+    assert names == ["num_query_heads", "num_kv_heads"]
+    assert divide_counts(gqa, names, 8) == {**gqa, "num_query_heads": 16, "num_kv_heads": 1}
+    assert divide_counts(gqa, names, 16) == {**gqa, "num_query_heads": 8, "num_kv_heads": 1}
+    # a file rewritten by value cannot change a count that shares its value with an extent
+    assert count_names({"heads": 128, "head_dim": 128, "batch": 4}, by_value=True) == ["batch"]
+    # KernelBench's GEMMs name their M `batch_size`: an extent a tuned block spans
+    assert count_names({"batch_size": 4096, "in_features": 8192}, by_value=False) == []
 
 
 @pytest.mark.parametrize("name,why", sorted(NOT_LOADABLE.items()))
@@ -326,6 +349,9 @@ def test_a_real_checkout_loads():
     for level in ("kernelbench-jax/level1", "kernelbench-jax/level2"):
         assert groups[level]["loaded"] >= 0.9 * groups[level]["entries"]
     assert totals["baselines_no_kernel"] == totals["loaded"] == totals["zeros_refused"]
+    rows = {r["name"]: r for r in json.loads(out.stdout)["rows"]}
+    # their tuned GEMM, and their flash attention once its heads shrink instead of its positions
+    assert rows["jaxbench/8p_GEMM"]["optimized"] == rows["jaxbench/1p_Flash_Attention"]["optimized"] == "correct"
 
 
 def test_rebench_runs_an_imported_task(tmp_path):
