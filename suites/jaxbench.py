@@ -191,9 +191,9 @@ class CheckFit:
 
 def _fit_check_sizes(fs: FileSizes, runner: ReferenceRunner) -> CheckFit:
     """The largest check sizes, by the power-of-two rule, whose arguments, outputs and reference
-    work fit interpret mode's budgets. Counts (heads, a small batch) shrink first, by the smallest power
-    of two that fits: a tuned kernel's blocks span extents, never counts. The cap on the
-    extents comes down only where counts of 1 do not fit either."""
+    work fit interpret mode's budgets. Counts (heads, a small batch) shrink first, by the
+    smallest power of two that fits: a tuned kernel's blocks span extents, never counts. The
+    cap on the extents comes down only where counts of 1 do not fit either."""
     counts = sizes.count_names(fs.original, by_value=fs.hard_coded)
     last_error = None
     for cap in sizes.CAPS:
