@@ -21,6 +21,13 @@ Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content":
 
 _MAX_REASON_CHARS = 300
 
+# Local models load one at a time, whichever thread asks. A first import of transformers' lazy
+# submodules from two threads at once is not safe (one thread sees a half-initialised module and
+# gets "cannot import name 'AutoModelForCausalLM'"), and loading two checkpoints at once would
+# only double the peak memory: generation, not loading, is what runs concurrently.
+_LOCAL_LOAD_LOCK = threading.Lock()
+_TRAIN_PACKAGES = ("torch", "transformers")
+
 
 @runtime_checkable
 class ChatModel(Protocol):
@@ -174,14 +181,21 @@ class LocalHFChatModel:
             raise EndpointError(
                 f"cannot load model {self.path} offline: adapter {self.adapter} is not a directory"
             )
+        with _LOCAL_LOAD_LOCK:
+            self._load()
+        if getattr(self._tokenizer, "chat_template", None) is None:
+            raise EndpointError(
+                f"cannot load model {self.path} offline: its tokenizer has no chat template"
+            )
+
+    def _load(self) -> None:
+        """Tokenizer, model and adapter; called under `_LOCAL_LOAD_LOCK`."""
         try:
             # Heavy imports here, so importing this module (and the CLI) stays cheap.
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as err:
-            raise EndpointError(
-                f"cannot load model {self.path} offline: {err} (install torch and transformers)"
-            ) from err
+            raise EndpointError(f"cannot load model {self.path} offline: {_import_failure(err)}") from err
 
         try:
             self._torch = torch
@@ -197,16 +211,10 @@ class LocalHFChatModel:
                 model = model.to("cuda")
             model.eval()
             self._model = model
-        except EndpointError:
-            raise
         except Exception as err:  # OSError, ValueError, ImportError (peft): all mean "cannot load"
             raise EndpointError(
                 f"cannot load model {self.path} offline: {type(err).__name__}: {_one_line(str(err))}"
             ) from err
-        if getattr(self._tokenizer, "chat_template", None) is None:
-            raise EndpointError(
-                f"cannot load model {self.path} offline: its tokenizer has no chat template"
-            )
 
     def __repr__(self) -> str:
         return f"LocalHFChatModel(path={self.path!r}, adapter={self.adapter!r})"
@@ -241,6 +249,14 @@ class LocalHFChatModel:
             out = self._model.generate(**inputs, **gen_kwargs)
         new_tokens = out[0, inputs["input_ids"].shape[1] :]
         return tok.decode(new_tokens, skip_special_tokens=True)
+
+
+def _import_failure(err: ImportError) -> str:
+    """Why torch/transformers did not import: a missing package says to install it; any other
+    import error (a broken install, a version clash) is reported as itself."""
+    if isinstance(err, ModuleNotFoundError) and err.name in _TRAIN_PACKAGES:
+        return f"{err} (install the train extra: pip install -e '.[train]')"
+    return f"{type(err).__name__}: {_one_line(str(err))}"
 
 
 def make_chat_model(spec: str, *, base_url: str | None, api_key: str | None = None,
