@@ -301,6 +301,8 @@ def _turn(model: str, answer: str, verdict: Verdict) -> dict[str, Any]:
 def _pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prompt: PromptSettings,
                      failing_answer: str, failing: Verdict, reply: str, repaired: Verdict):
     """A pair from a confirmed repair; the reply's prose (outside code) is the explanation."""
+    if failing.status == "grader_limit":  # the grader could not run the attempt: no fault is confirmed
+        return None, "grader_limit: the evaluator could not run the attempt, so no failure was confirmed"
     explanation = prompts.strip_code(reply)
     if not explanation:
         return None, "the repair came without an explanation"

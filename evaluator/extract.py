@@ -1,6 +1,7 @@
 """Stage 1: find the candidate's source in a model's answer."""
 from __future__ import annotations
 
+import ast
 import re
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
@@ -12,13 +13,19 @@ class ExtractionError(ValueError):
 
 
 def extract_code(answer: str, entry_point: str = "kernel") -> str:
-    """The last fenced python block; a bare source file (no fences) is taken whole.
+    """The candidate's source: a Python file as it is, else the answer's last fenced python block.
 
-    A model's answer is prose plus code; the last block is its final word. Text without any
-    fence is accepted only when it reads as a module defining `kernel` (or the task's own entry
-    point: an imported task's `workload` or `ModelNew`), so that a candidate file can be graded
-    as it is.
+    A file that parses and defines `kernel` (or the task's own entry point: an imported task's
+    `workload` or `ModelNew`) at module top level is graded whole, whatever its docstrings
+    and comments contain: real code carries ``` examples in its docstrings. Anything else is
+    a model's answer, prose plus code, and its last python block is its final word. Text
+    without any fence that does not parse is still taken whole when a line starts with the
+    entry point's definition (a truncated file): the policy stage then reports its syntax.
     """
+    names = {"kernel", entry_point}
+    tree = _parse(answer)
+    if tree is not None and any(_binds(stmt, names) for stmt in tree.body):
+        return answer
     blocks = [body for tag, body in _FENCE.findall(answer) if tag.lower() in _PYTHON_TAGS]
     if blocks:
         code = blocks[-1]
@@ -27,7 +34,39 @@ def extract_code(answer: str, entry_point: str = "kernel") -> str:
         return code
     if "```" in answer:
         raise ExtractionError("no complete ```python code block found in the answer")
-    names = "|".join(re.escape(n) for n in {"kernel", entry_point})
-    if re.search(rf"^\s*(def|class)\s+({names})\b", answer, re.M):
+    pattern = "|".join(re.escape(n) for n in sorted(names))
+    if tree is None and re.search(rf"^(async\s+def|def|class)\s+({pattern})\b", answer, re.M):
         return answer
-    raise ExtractionError(f"the answer contains no code: expected a ```python block defining {entry_point}(...)")
+    raise ExtractionError(f"the answer contains no code: expected a ```python block defining "
+                          f"{entry_point}(...) at the top level of the module")
+
+
+def _parse(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):  # ValueError: a null byte in the text
+        return None
+
+
+def _binds(stmt: ast.stmt, names: set[str]) -> bool:
+    """The module-level statement binds one of `names`: a def, a class or an assignment, also
+    under a module-level if/try/with (a function's or a class's body is not the module's)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return stmt.name in names
+    if isinstance(stmt, ast.Assign):
+        return any(_assigns(target, names) for target in stmt.targets)
+    if isinstance(stmt, ast.AnnAssign):
+        return stmt.value is not None and _assigns(stmt.target, names)
+    if isinstance(stmt, (ast.If, ast.Try, ast.With)) or type(stmt).__name__ == "TryStar":
+        blocks = [getattr(stmt, f, []) for f in ("body", "orelse", "finalbody")]
+        blocks += [handler.body for handler in getattr(stmt, "handlers", [])]
+        return any(_binds(s, names) for block in blocks for s in block)
+    return False
+
+
+def _assigns(target: ast.expr, names: set[str]) -> bool:
+    if isinstance(target, ast.Name):
+        return target.id in names
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_assigns(t, names) for t in target.elts)
+    return isinstance(target, ast.Starred) and _assigns(target.value, names)

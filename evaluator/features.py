@@ -14,6 +14,14 @@ and at bench sizes the traffic model) and returns its evidence, which goes into 
   waited.
 - parallel_grid: at bench sizes, an axis marked parallel has more than one step; at check sizes
   (where a grid may be one step) an axis is marked parallel.
+
+And where the work is (check_feature): a tiny side kernel that stages one operand through
+scratch, or DMAs the query, must not satisfy a requirement that the kernel doing the work
+ignores. The feature must be used by one of the dominant kernels: the heaviest that together
+carry at least half of the case's work, its FLOPs at bench sizes (the traffic model counts
+them there), the bytes its kernels move otherwise (check sizes, or kernels that compute
+nothing). For manual_dma at bench sizes the
+DMAs must also move at least half of the bytes of the task's large inputs.
 """
 from __future__ import annotations
 
@@ -23,10 +31,15 @@ from typing import Any, Callable
 import numpy as np
 
 from evaluator.jaxpr_analysis import PallasCallInfo
-from tasks.spec import np_dtype
+from tasks.spec import ArgSpec, np_dtype
 
 # The share of the ANY operands' bytes the kernel's own DMAs must move at bench sizes.
 MIN_DMA_SHARE = 0.5
+# A required feature must be used by one of the heaviest kernels that together carry this share
+# of a case's work (FLOPs, else bytes moved).
+MIN_WORK_SHARE = 0.5
+# A task input is large when it holds at least this share of all the inputs' bytes.
+LARGE_OPERAND_SHARE = 0.1
 
 
 @dataclass
@@ -67,7 +80,9 @@ def _scalar_prefetch(call: PallasCallInfo, bench: bool) -> Evidence:
                                   "no index map reads and the body never uses")
 
 
-def _manual_dma(call: PallasCallInfo, bench: bool) -> Evidence:
+def _manual_dma(call: PallasCallInfo, bench: bool, large_bytes: float = 0.0) -> Evidence:
+    """`large_bytes`: the bytes of the task's large inputs, which the DMAs must move half of
+    at bench sizes (0: unknown, the call's own ANY operands only)."""
     prims = set(call.kernel_primitives)
     started = "dma_start" in prims and "dma_wait" in prims
     any_bytes = sum(int(np.prod(b.array_shape)) * np_dtype(b.dtype).itemsize
@@ -85,6 +100,12 @@ def _manual_dma(call: PallasCallInfo, bench: bool) -> Evidence:
     if moved < MIN_DMA_SHARE * any_bytes:
         return Evidence(False, facts, f"{call.name}'s DMAs move {moved / any_bytes:.1%} of the "
                                       f"{any_bytes / 2**20:.1f} MiB of its ANY operands")
+    if large_bytes:
+        facts["large_input_bytes"] = large_bytes
+        if moved < MIN_DMA_SHARE * large_bytes:
+            return Evidence(False, facts, f"{call.name}'s DMAs move {moved / large_bytes:.1%} of the "
+                                          f"{large_bytes / 2**20:.1f} MiB of the task's large inputs "
+                                          "(the rest goes through the pipeline or another kernel)")
     return Evidence(True, facts)
 
 
@@ -121,6 +142,82 @@ def feature_evidence(name: str, calls: list[PallasCallInfo], bench: bool) -> lis
     """Each kernel's evidence for one feature; the feature is used if any kernel uses it."""
     detector = DETECTORS[name][0]
     return [detector(call, bench) for call in calls]
+
+
+def check_feature(name: str, calls: list[PallasCallInfo], bench: bool,
+                  inputs: list[ArgSpec] | None = None) -> tuple[list[Evidence], str | None]:
+    """Each kernel's evidence, and None if the kernels that use `name` carry at least
+    MIN_WORK_SHARE of the case's work, else why not (a clause naming the kernels).
+    `inputs`: the task's inputs at this case (for manual_dma's large inputs)."""
+    if name == "manual_dma":
+        large = _large_input_bytes([float(np.prod(a.shape)) * np_dtype(a.dtype).itemsize
+                                    for a in inputs or []])
+        evidence = [_manual_dma(call, bench, large) for call in calls]
+    else:
+        evidence = feature_evidence(name, calls, bench)
+    users = [i for i, e in enumerate(evidence) if e.used]
+    if not users:
+        return evidence, "; ".join(e.why_not for e in evidence) or "there is no kernel"
+    weights, unit = work_weights(calls, bench)
+    total = sum(weights)
+    if not total:
+        return evidence, None  # nothing to weigh: any use counts
+    for i, e in enumerate(evidence):
+        e.facts["work_share"] = round(weights[i] / total, 4)
+    dominant = dominant_kernels(weights)
+    if any(i in dominant for i in users):
+        return evidence, None
+    share = sum(weights[i] for i in users) / total
+    heavy = ", ".join(f"{calls[i].name} ({weights[i] / total:.0%})" for i in dominant)
+    return evidence, (f"only {', '.join(calls[i].name for i in users)} uses it, carrying {share:.1%} "
+                      f"of the case's {unit}, and the kernels that carry most of it, {heavy}, do not "
+                      f"({evidence[dominant[0]].why_not})")
+
+
+def dominant_kernels(weights: list[float]) -> list[int]:
+    """The heaviest kernels that together carry at least MIN_WORK_SHARE of the work, heaviest
+    first (by index)."""
+    order = sorted(range(len(weights)), key=lambda i: -weights[i])
+    total, carried, chosen = sum(weights), 0.0, []
+    for i in order:
+        chosen.append(i)
+        carried += weights[i]
+        if carried >= MIN_WORK_SHARE * total:
+            break
+    return chosen
+
+
+def work_weights(calls: list[PallasCallInfo], bench: bool) -> tuple[list[float], str]:
+    """Each kernel's share-able work: its FLOPs where the traffic model counted them (bench
+    sizes), else the bytes it moves (what the unit is called, for messages)."""
+    flops = [call.flops for call in calls]
+    if bench and sum(flops) > 0:
+        return flops, "FLOPs"
+    return [_moved_bytes(call) for call in calls], "bytes moved"
+
+
+def _moved_bytes(call: PallasCallInfo) -> float:
+    """Pipelined blocks: bytes per copy x copies (fetches where counted, else one per grid
+    step); operands left in HBM: what the body's DMAs copy where counted, else their size."""
+    total = 0.0
+    for b in call.blocks:
+        itemsize = np_dtype(b.dtype).itemsize
+        if b.memory_space == "vmem":
+            copies = b.fetches if b.fetches is not None else call.grid_steps
+            total += float(np.prod(b.block_shape)) * itemsize * copies * call.runs
+        elif b.memory_space not in ("any", "hbm"):  # SMEM operands: copied whole, once
+            total += float(np.prod(b.array_shape)) * itemsize * call.runs
+    dma = call.dma_bytes_per_step * call.grid_steps * call.runs
+    if not dma:
+        dma = sum(float(np.prod(b.array_shape)) * np_dtype(b.dtype).itemsize
+                  for b in call.blocks if b.memory_space in ("any", "hbm")) * call.runs
+    return total + dma
+
+
+def _large_input_bytes(input_bytes: list[float]) -> float:
+    """The bytes of the inputs that hold at least LARGE_OPERAND_SHARE of all inputs' bytes."""
+    everything = sum(input_bytes)
+    return float(sum(b for b in input_bytes if b >= LARGE_OPERAND_SHARE * everything))
 
 
 def missing_features(required: tuple[str, ...], calls: list[PallasCallInfo], bench: bool = False) -> list[str]:

@@ -98,7 +98,8 @@ def trace(state: WorkerState, request: Trace, arrays: list) -> tuple[Any, list]:
         state.programs[case.name] = program
         summary = summarize(program.closed, traffic=case.traffic,  # our code: bugs raise
                             arg_bounds=case.arg_bounds)
-        traced.append(TracedCase(case.name, summary, kernel_origins(program.pallas_calls())))
+        traced.append(TracedCase(case.name, summary, kernel_origins(program.pallas_calls()),
+                                 program.replay_limits()))
     return Traced(traced), []
 
 

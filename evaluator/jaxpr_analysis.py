@@ -13,9 +13,14 @@ import numpy as np
 
 from evaluator import intervals
 from evaluator import traffic as traffic_analysis
+from evaluator import trip_origin
+from evaluator.grid_checks import GridFinding, argument_regions, check_grid
+from evaluator.intermediates import Intermediate, OutsideMath
+from evaluator.intermediates import analyze as analyze_intermediates
 from evaluator.jaxpr_cost import Cost, walk
 from evaluator.jaxpr_walk import sub_jaxprs
 from evaluator.kernel_dataflow import RefUse, ref_uses
+from evaluator.precision import low_precision_dots
 
 
 @dataclass
@@ -39,12 +44,18 @@ class PallasCallInfo:
     dimension_semantics: list[str] | None
     vmem_limit_bytes: int | None
     kernel_primitives: list[str]
-    flops_per_step: float = 0.0       # traffic analysis only
+    # Per grid step, the mean over the grid: a pl.when decided by the grid position counts
+    # on the steps that take it (evaluator/grid_conds.py). Traffic analysis only.
+    flops_per_step: float = 0.0
     f32_matmul_flops_per_step: float = 0.0  # of flops_per_step: matmuls on float32 operands
     dma_bytes_per_step: float = 0.0   # traffic analysis only
     # A while loop in the body has no known maximum trip count and was counted once, so
     # flops_per_step and dma_bytes_per_step are lower bounds (traffic analysis only).
     data_dependent_trips: bool = False
+    # What those unknown trip counts depend on when it is not only the task's bounded integer
+    # inputs ("float data", evaluator/trip_origin.py); '' otherwise. Only counts from those
+    # inputs leave the work rules undecided (`undecided_trips`).
+    unbounded_trips_from: str = ""
     runs: float = 1.0  # times the call runs: trip counts of the loops around it, outside kernels
     # What the body does with its scratch buffers and prefetched scalars (kernel_dataflow.py),
     # aligned with `scratch` and with the prefetched operands; and which blocks' index maps
@@ -52,10 +63,24 @@ class PallasCallInfo:
     scratch_use: list[RefUse] = field(default_factory=list)
     prefetch_use: list[RefUse] = field(default_factory=list)
     prefetch_index_maps: list[int] = field(default_factory=list)
+    # The index maps evaluated over the whole static grid (evaluator/grid_checks.py): blocks
+    # out of range, output blocks never written, inputs not read in full; and what was not
+    # checked, and why. Judged at bench sizes by the grid stage.
+    grid_findings: list[GridFinding] = field(default_factory=list)
+    grid_unchecked: list[str] = field(default_factory=list)
+    # dot_generals of the body on int8/fp8 operands ("int8 x int8 -> int32"): below a float
+    # task's precision (evaluator/precision.py).
+    low_precision_dots: list[str] = field(default_factory=list)
 
     @property
     def grid_steps(self) -> int:
         return math.prod(max(g, 1) for g in self.grid) if self.grid else 1
+
+    @property
+    def undecided_trips(self) -> bool:
+        """Its FLOPs are a lower bound the work rules may not judge: a loop or grid counted
+        once whose length comes from the task's bounded integer inputs alone."""
+        return self.data_dependent_trips and not self.unbounded_trips_from
 
     @property
     def flops(self) -> float:
@@ -73,6 +98,10 @@ class TraceSummary:
     pallas_calls: list[PallasCallInfo]
     outside: Cost  # everything outside pallas_calls
     out_shapes: list[tuple[list[int], str]]
+    # Data passed kernel -> HBM -> kernel, and exp/log/reductions outside kernels, largest
+    # first (evaluator/intermediates.py): the structure stage weighs them against the case.
+    intermediates: list[Intermediate] = field(default_factory=list)
+    outside_math: list[OutsideMath] = field(default_factory=list)
 
     @property
     def kernel_flops(self) -> float:
@@ -96,7 +125,13 @@ def summarize(closed_jaxpr: Any, traffic: bool = False,
                 on_pallas_call=lambda eqn, runs: calls.append((eqn, runs)))
     outs = [(list(v.aval.shape), str(v.aval.dtype)) for v in closed_jaxpr.jaxpr.outvars]
     infos = [_pallas_info(e, traffic, runs, bounds.pallas_operands.get(id(e))) for e, runs in calls]
-    return TraceSummary(infos, cost, outs)
+    if traffic and any(info.data_dependent_trips for info in infos):
+        _unbounded_trip_origins(closed_jaxpr, arg_bounds, bounds, calls, infos)
+    arguments = argument_regions(closed_jaxpr)
+    for (eqn, _), info in zip(calls, infos):
+        info.grid_findings, info.grid_unchecked = check_grid(eqn, arguments)
+    flow = analyze_intermediates(closed_jaxpr.jaxpr, bounds.loop_trips, _kernel_name)
+    return TraceSummary(infos, cost, outs, flow.intermediates, flow.outside_math)
 
 
 def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
@@ -133,7 +168,8 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
     step = Cost()
     if traffic:
         step = traffic_analysis.kernel_cost_per_step(
-            kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds))
+            kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds),
+            grid if static_grid else None)
     scratch_use, prefetch_use = _ref_evidence(gm, kernel_jaxpr)
     return PallasCallInfo(
         name=_kernel_name(eqn),
@@ -144,6 +180,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         dimension_semantics=[_semantics_name(s) for s in semantics] if semantics else None,
         vmem_limit_bytes=getattr(params, "vmem_limit_bytes", None),
         kernel_primitives=sorted(_all_primitives(kernel_jaxpr)),
+        low_precision_dots=low_precision_dots(kernel_jaxpr),
         flops_per_step=step.flops,
         f32_matmul_flops_per_step=step.f32_matmul_flops,
         dma_bytes_per_step=step.dma_bytes,
@@ -165,6 +202,24 @@ def _ref_evidence(gm: Any, kernel_jaxpr: Any) -> tuple[list[RefUse], list[RefUse
     scratch = invars[n_pre + n_in + n_out:]
     uses = ref_uses(kernel_jaxpr, [*scratch, *invars[:n_pre]], outputs)
     return uses[:len(scratch)], uses[len(scratch):]
+
+
+def _unbounded_trip_origins(closed_jaxpr: Any, arg_bounds: Any, bounds: intervals.ProgramBounds,
+                            calls: list[tuple[Any, float]], infos: list[PallasCallInfo]) -> None:
+    """Set `unbounded_trips_from` of the calls whose trip counts are unknown."""
+    try:
+        origins = trip_origin.program_origins(closed_jaxpr, arg_bounds)
+    except Exception:  # noqa: BLE001  (an odd program must not fail a grading)
+        origins = {}
+    for (eqn, _), info in zip(calls, infos):
+        if not info.data_dependent_trips:
+            continue
+        try:
+            trips = intervals.kernel_loop_trips(eqn, bounds.pallas_operands.get(id(eqn)))
+            origin = trip_origin.unbounded_trips_origin(eqn, origins.get(id(eqn)), trips, info.grid)
+        except Exception:  # noqa: BLE001  (unknown origin: the work rules stay on)
+            origin = trip_origin.OTHER
+        info.unbounded_trips_from = trip_origin.describe(origin)
 
 
 def _bounded_grid(grid: tuple[int, ...], operand_bounds: list[intervals.Interval] | None

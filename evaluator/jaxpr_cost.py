@@ -5,7 +5,9 @@ The one cost walker of the project: the structure analysis (evaluator/jaxpr_anal
 runs it over the glue outside kernels, the traffic model (evaluator/traffic.py) over each
 kernel body, the reference cache (evaluator/reference.py) over whole references. Loops count
 their trip counts (a while loop its maximum, from evaluator/intervals.py, else once and
-flagged), a cond its dearest branch.
+flagged), a cond its dearest branch, or in a kernel body, where its predicate depends on
+the grid position and loop counters alone, each branch on the grid steps (and iterations)
+that take it (evaluator/grid_conds.py).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from evaluator import intervals
+from evaluator.grid_conds import GridConds
 from evaluator.jaxpr_walk import sub_jaxprs
 
 # Rationale: a matmul or convolution outside a kernel *is* the task for most of the suite,
@@ -76,12 +79,16 @@ PallasCallSink = Callable[[Any, float], None]
 
 
 def walk(jaxpr: Any, trips: Mapping[int, int | None] | None = None, count_heavy: bool = True,
-         on_pallas_call: PallasCallSink | None = None) -> Cost:
+         on_pallas_call: PallasCallSink | None = None, grid_conds: GridConds | None = None) -> Cost:
     """The cost of an open jaxpr. `count_heavy=False` lists matmuls in `heavy_ops` instead of
     counting them (outside kernels they are refused, not weighed); `on_pallas_call(eqn,
-    runs)` receives each pallas_call with the number of times it runs (not walked into)."""
+    runs)` receives each pallas_call with the number of times it runs (not walked into).
+    `grid_conds` (a kernel body's, evaluator/grid_conds.py): the conds whose branch is known
+    at every grid point charge each branch on the share of grid points taking it, so the cost
+    is the mean over grid steps."""
     cost = Cost()
-    _walk(jaxpr, 1.0, cost, count_heavy, trips, on_pallas_call)
+    reach = None if grid_conds is None else _Reach(grid_conds)
+    _walk(jaxpr, 1.0, cost, count_heavy, trips, on_pallas_call, reach)
     return cost
 
 
@@ -136,8 +143,19 @@ def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple
     return 1.0, True
 
 
+@dataclass
+class _Reach:
+    """Inside a kernel body: the conds decided by the grid position, and the share of grid
+    steps and loop iterations that reach the part of the body being walked (1.0 outside
+    any decided branch)."""
+
+    conds: GridConds
+    share: float = 1.0
+
+
 def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
-          trips: Mapping[int, int | None] | None, on_pallas_call: PallasCallSink | None) -> None:
+          trips: Mapping[int, int | None] | None, on_pallas_call: PallasCallSink | None,
+          reach: _Reach | None = None) -> None:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "pallas_call":
@@ -155,16 +173,26 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
             count, known = trip_count(eqn, trips)
             cost.data_dependent_trips |= not known
             inner_mult = mult * count
-            if name == "cond":  # one branch runs: charge the dearest
+            if name == "cond" and reach is not None and id(eqn) in reach.conds.share:
+                # Decided by the grid position (and loop counters): each branch by the share
+                # of grid points and loop iterations that run it, which already holds the
+                # enclosing decided branches' shares (divided out of `mult`: `reach.share`).
+                loops = inner_mult / reach.share
+                for k, j in enumerate(sub):
+                    share = float(reach.conds.share[id(eqn)][k])
+                    if share > 0:
+                        _walk(j, loops * share, cost, count_heavy, trips, on_pallas_call,
+                              _Reach(reach.conds, share))
+            elif name == "cond":  # one branch runs: charge the dearest
                 branch_costs = []
                 for j in sub:
                     c = Cost()
-                    _walk(j, inner_mult, c, count_heavy, trips, on_pallas_call)
+                    _walk(j, inner_mult, c, count_heavy, trips, on_pallas_call, reach)
                     branch_costs.append(c)
                 _merge_dearest(cost, branch_costs)
             else:
                 for j in sub:
-                    _walk(j, inner_mult, cost, count_heavy, trips, on_pallas_call)
+                    _walk(j, inner_mult, cost, count_heavy, trips, on_pallas_call, reach)
             continue
         if not _is_free(eqn):
             nbytes = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))

@@ -35,7 +35,7 @@ class RefUse:
     feeds_computation: bool = False
 
 
-class _Aliases:
+class Aliases:
     """Union-find over jaxpr variables: an inner binding and its outer operand are one."""
 
     def __init__(self) -> None:
@@ -50,27 +50,29 @@ class _Aliases:
         return root
 
     def join(self, a: Any, b: Any) -> None:
-        if _is_var(a) and _is_var(b):
+        if is_var(a) and is_var(b):
             self.parent[self.find(a)] = self.find(b)
 
 
-def _is_var(v: Any) -> bool:
+def is_var(v: Any) -> bool:
     return hasattr(v, "aval") and not hasattr(v, "val")  # Literals carry .val
 
 
-def _is_ref(v: Any) -> bool:
-    return _is_var(v) and hasattr(v.aval, "inner_aval")
+def is_ref(v: Any) -> bool:
+    return is_var(v) and hasattr(v.aval, "inner_aval")
 
 
-def _flatten(jaxpr: Any, aliases: _Aliases) -> Iterator[Any]:
+def _flatten(jaxpr: Any, aliases: Aliases) -> Iterator[Any]:
     """Every equation of the body, nested ones included, with their bindings joined."""
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in _bound_sub_jaxprs(eqn, aliases):
+        for sub in bind_sub_jaxprs(eqn, aliases):
             yield from _flatten(sub, aliases)
 
 
-def _bound_sub_jaxprs(eqn: Any, aliases: _Aliases) -> list[Any]:
+def bind_sub_jaxprs(eqn: Any, aliases: Aliases) -> list[Any]:
+    """The jaxprs nested in `eqn`, their inputs and outputs joined with the operands and
+    results they bind (also used by evaluator/live_work.py)."""
     name, params = eqn.primitive.name, eqn.params
     subs = list(sub_jaxprs(eqn))
     if name == "cond":
@@ -105,7 +107,7 @@ def _open(item: Any) -> Any:
     return item.jaxpr if is_closed_jaxpr(item) else item
 
 
-def _join_all(aliases: _Aliases, inner: Any, outer: Any) -> None:
+def _join_all(aliases: Aliases, inner: Any, outer: Any) -> None:
     for a, b in zip(inner, outer):
         aliases.join(a, b)
 
@@ -113,16 +115,16 @@ def _join_all(aliases: _Aliases, inner: Any, outer: Any) -> None:
 def ref_uses(kernel_jaxpr: Any, sources: list[Any], outputs: list[Any]) -> list[RefUse]:
     """For each ref in `sources` (kernel body invars): its use, followed as described above.
     `outputs` are the body's output refs."""
-    aliases = _Aliases()
+    aliases = Aliases()
     eqns = list(_flatten(kernel_jaxpr, aliases))
     out_ids = {aliases.find(o) for o in outputs}
     return [_follow(eqns, aliases, aliases.find(src), out_ids) for src in sources]
 
 
-def _follow(eqns: list[Any], aliases: _Aliases, source: int, outputs: set[int]) -> RefUse:
+def _follow(eqns: list[Any], aliases: Aliases, source: int, outputs: set[int]) -> RefUse:
     use = RefUse()
     for eqn in eqns:
-        refs = [aliases.find(v) for v in eqn.invars if _is_ref(v)]
+        refs = [aliases.find(v) for v in eqn.invars if is_ref(v)]
         name = eqn.primitive.name
         if refs and refs[0] == source:
             use.written |= name in WRITES
@@ -136,8 +138,8 @@ def _follow(eqns: list[Any], aliases: _Aliases, source: int, outputs: set[int]) 
         changed = False
         for eqn in eqns:
             name = eqn.primitive.name
-            refs = [aliases.find(v) for v in eqn.invars if _is_ref(v)]
-            from_value = any(aliases.find(v) in tainted for v in eqn.invars if _is_var(v) and not _is_ref(v))
+            refs = [aliases.find(v) for v in eqn.invars if is_ref(v)]
+            from_value = any(aliases.find(v) in tainted for v in eqn.invars if is_var(v) and not is_ref(v))
             use.feeds_computation |= from_value
             if name in WRITES:  # a store: its first ref receives the value; swap returns the old one
                 receives, returns = from_value, bool(refs) and refs[0] in carriers
@@ -156,7 +158,7 @@ def _follow(eqns: list[Any], aliases: _Aliases, source: int, outputs: set[int]) 
                         changed = True
             if returns:
                 for out in eqn.outvars:
-                    if _is_var(out) and aliases.find(out) not in tainted:
+                    if is_var(out) and aliases.find(out) not in tainted:
                         tainted.add(aliases.find(out))
                         changed = True
     return use

@@ -33,6 +33,9 @@ class KernelEstimate:
     # A loop in the body has no known maximum trip count and counted once: the FLOPs and DMA
     # bytes are lower bounds.
     data_dependent_trips: bool = False
+    # What such a count depends on when not only the task's bounded integer inputs ("float
+    # data"); '' otherwise. Only those inputs leave the 0.8x-ideal rule undecided.
+    unbounded_trips_from: str = ""
 
 
 @dataclass
@@ -85,7 +88,7 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
     flops = call.flops
     time_s = roofline(flops, moved, gen, call.f32_matmul_flops) + steps * call.runs * GRID_STEP_S
     return KernelEstimate(call.name, steps, moved, flops, time_s, data_dependent,
-                          call.data_dependent_trips)
+                          call.data_dependent_trips, call.unbounded_trips_from)
 
 
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,

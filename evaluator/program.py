@@ -8,8 +8,11 @@ counts its own traces, say).
 
 `replay(program, interpret=...)` evaluates the jaxpr equation by equation. Each `pallas_call`
 is issued again with the evaluator's interpret parameters (or as traced, for a TPU), and
-control flow (scan, while, cond) is rebuilt around bodies replayed the same way. Calls
-(jit, custom_vjp, custom_jvp, remat) are inlined: only the forward program runs.
+control flow (scan, while, cond) and `shard_map` are rebuilt around bodies replayed the same
+way. Calls (jit, custom_vjp, custom_jvp, remat, custom_vmap, custom_partitioning) are inlined:
+only the forward program runs. A pallas_call inside any other higher-order primitive cannot
+be replayed in interpret mode yet: `replay_limits` names those primitives, so the grader can
+say that it is its own limit (status `grader_limit`), not the kernel's fault.
 """
 from __future__ import annotations
 
@@ -25,10 +28,22 @@ from jax.extend import source_info_util
 
 from evaluator.jaxpr_walk import is_closed_jaxpr, is_jaxpr, sub_jaxprs
 
-# Call-like primitives whose body is inlined; the parameter that holds it.
+# Call-like primitives whose body is inlined; the parameter that holds it. (jax.checkpoint is
+# "remat2" in jax 0.10.) custom_partitioning's callbacks only split a program over several
+# devices: on one, jax lowers it as its body (jax/_src/custom_partitioning.py), and one device
+# is all the grader runs on. custom_vmap's rule only applies under vmap, which tracing did.
 _INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-            "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
-            "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
+            "remat": "jaxpr", "checkpoint": "jaxpr", "remat2": "jaxpr", "custom_jvp_call": "call_jaxpr",
+            "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+            "custom_vmap_call": "call", "custom_partitioning": "call"}
+# Higher-order primitives rebuilt around replayed bodies (a kernel inside them runs as the
+# replay says); a pallas_call inside any other one is a limit of the replay (ReplayLimit).
+_REBUILT = frozenset({"scan", "while", "cond", "shard_map"})
+
+
+class ReplayLimit(NotImplementedError):
+    """A pallas_call inside a primitive that the interpret-mode replay cannot rebuild yet: a
+    limit of the grader, not a fault of the kernel."""
 
 
 @dataclass
@@ -46,6 +61,11 @@ class TracedProgram:
     def pallas_calls(self) -> list[Any]:
         """Every pallas_call equation, also inside control flow and calls."""
         return list(_pallas_eqns(self.closed.jaxpr))
+
+    def replay_limits(self) -> list[str]:
+        """The primitives around a pallas_call that replay(interpret=...) cannot rebuild, by
+        name (none for most programs). Replayed for a TPU, every program runs as traced."""
+        return sorted(set(_replay_limits(self.closed.jaxpr)))
 
 
 def replay(program: TracedProgram, interpret: Any = None,
@@ -130,9 +150,35 @@ def _eval_eqn(eqn: Any, invals: list[Any], fix: Callable | None) -> Any:
         return _while(params, invals, fix)
     if name == "cond":
         return _cond(params, invals, fix)
-    if any(True for _ in _pallas_eqns_in(eqn)):
-        raise NotImplementedError(f"a pallas_call inside {name!r} cannot be replayed")
+    if name == "shard_map":
+        return _shard_map(params, invals, fix)
+    if fix is not None and any(True for _ in _pallas_eqns_in(eqn)):
+        raise ReplayLimit(f"a pallas_call inside {name!r} cannot be replayed in interpret mode yet")
+    # Anything else runs as traced: with no pallas_call inside, or for the TPU, where the
+    # kernels keep their traced parameters, binding the equation again is the program itself.
     return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+
+
+def _replay_limits(jaxpr: Any) -> Any:
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "pallas_call":
+            continue
+        if name in _REBUILT or _INLINED.get(name) in eqn.params:
+            for sub in sub_jaxprs(eqn):
+                yield from _replay_limits(sub)
+        elif any(True for _ in _pallas_eqns_in(eqn)):
+            yield name
+
+
+def _shard_map(params: dict[str, Any], invals: list[Any], fix: Callable | None) -> list[Any]:
+    """shard_map again, with the traced mesh and specs around the replayed body (the body
+    sees each device's block, and collectives find their mesh axes)."""
+    body = params["jaxpr"]
+    mapped = jax.shard_map(lambda *args: tuple(_eval(body, (), args, fix)), mesh=params["mesh"],
+                           in_specs=tuple(params["in_specs"]), out_specs=tuple(params["out_specs"]),
+                           axis_names=set(params["newly_manual_axes"]), check_vma=params["check_vma"])
+    return list(mapped(*invals))
 
 
 def _closed_fn(closed: Any, fix: Callable | None) -> Callable[..., list[Any]]:

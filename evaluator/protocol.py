@@ -138,6 +138,9 @@ class TracedCase:
     case: str
     summary: TraceSummary
     origins: list[KernelOrigin]
+    # Primitives around a pallas_call that the interpret-mode replay cannot rebuild yet
+    # (evaluator/program.py: TracedProgram.replay_limits); empty for most programs.
+    replay_limits: list[str] = field(default_factory=list)
 
 
 @dataclass

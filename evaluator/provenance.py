@@ -7,11 +7,14 @@ is the Pallas twin of calling cuBLAS. Two facts in the traced program tell them 
 - the body's equations: each carries the traceback of the Python that emitted it, so a
   three-line body in the candidate that calls a library's kernel function still shows the
   library's file as the innermost frame that is not jax's own machinery.
+The body's share is weighed by work, not counted in equations: only what reaches the outputs,
+at its cost (evaluator/live_work.py), so dead padding of our own cannot outvote the library.
 Honest wrappers (functools.partial, functools.wraps, closures) keep the candidate's file in
 both places. Runs in the worker, on the jaxpr it traced; returns plain data.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ from typing import Any, Iterator
 
 from evaluator.errors import CANDIDATE_FILENAME
 from evaluator.jaxpr_walk import sub_jaxprs
+from evaluator.live_work import live_work
 
 # Library kernels inside jax: not machinery, someone's finished kernel.
 _JAX_KERNEL_LIBRARY = os.sep + os.path.join("jax", "experimental", "pallas", "ops") + os.sep
@@ -34,18 +38,30 @@ class KernelOrigin:
     own_equations: int  # body equations emitted by the candidate's code
     library_equations: dict[str, int] = field(default_factory=dict)  # library file -> equations
     interpret: str | None = None  # the interpret= it was traced with, when truthy
+    # The work of the equations that reach the outputs (evaluator/live_work.py): FLOPs and
+    # transcendentals per grid step, and the bytes they touch, the candidate's and each library's.
+    own_work: float = 0.0
+    library_work: dict[str, float] = field(default_factory=dict)
+    own_bytes: float = 0.0
+    library_bytes: dict[str, float] = field(default_factory=dict)
 
     @property
     def library_share(self) -> float:
-        foreign = sum(self.library_equations.values())
-        total = foreign + self.own_equations
-        return foreign / total if total else 0.0
+        """The libraries' share of the body's live work; of its live bytes where it computes
+        nothing (a pure copy); of its equations where neither is known."""
+        for own, foreign in ((self.own_work, self.library_work), (self.own_bytes, self.library_bytes),
+                             (self.own_equations, self.library_equations)):
+            total = own + sum(foreign.values())
+            if total:
+                return sum(foreign.values()) / total
+        return 0.0
 
     @property
     def main_library(self) -> str | None:
-        if not self.library_equations:
-            return None
-        return max(self.library_equations.items(), key=lambda kv: kv[1])[0]
+        for weights in (self.library_work, self.library_bytes, self.library_equations):
+            if any(weights.values()):
+                return max(weights.items(), key=lambda kv: kv[1])[0]
+        return None
 
 
 def kernel_origins(pallas_eqns: list[Any]) -> list[KernelOrigin]:
@@ -67,12 +83,33 @@ def _origin_of(eqn: Any) -> KernelOrigin:
         elif origin is not None:
             counts[origin] = counts.get(origin, 0) + 1
     interpret = eqn.params.get("interpret")
-    return KernelOrigin(
+    origin = KernelOrigin(
         name=name or str(eqn.params.get("name") or "kernel"),
         defined_in=owner or "candidate",  # no file recorded: the equations decide
         line=int(line) if line.isdigit() else None,
         own_equations=own, library_equations=counts,
         interpret=repr(interpret) if interpret else None)
+    _weigh_live_work(origin, kernel_jaxpr, _output_refs(eqn))
+    return origin
+
+
+def _output_refs(eqn: Any) -> list[Any]:
+    """The body's output refs: its inputs are prefetched scalars, inputs, outputs, scratch."""
+    gm = eqn.params["grid_mapping"]
+    start = int(gm.num_index_operands) + int(gm.num_inputs)
+    return list(eqn.params["jaxpr"].invars[start:start + int(gm.num_outputs)])
+
+
+def _weigh_live_work(origin: KernelOrigin, kernel_jaxpr: Any, outputs: list[Any]) -> None:
+    """Whose code emitted the work that reaches the outputs (dead code weighs nothing)."""
+    for item in live_work(kernel_jaxpr, outputs):
+        owner = _equation_origin(item.eqn)
+        if owner == "candidate":
+            origin.own_work += item.work
+            origin.own_bytes += item.bytes
+        elif owner is not None:
+            origin.library_work[owner] = origin.library_work.get(owner, 0.0) + item.work
+            origin.library_bytes[owner] = origin.library_bytes.get(owner, 0.0) + item.bytes
 
 
 def _equations(jaxpr: Any) -> Iterator[Any]:
@@ -92,6 +129,7 @@ def _equation_origin(eqn: Any) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # realpath of every frame of every equation is slow
 def _classify(path: str) -> str | None:
     """'candidate', a library file (package-relative), or None for framework code."""
     if path == CANDIDATE_FILENAME:

@@ -19,10 +19,13 @@ STATUSES: tuple[str, ...] = (
     "missing_feature",      # 5 features: a required TPU feature is not used
     "lowering_error",       # 6 lowering: tracing or Pallas -> Mosaic lowering failed
     "compile_error",        # 6 lowering: the TPU compiler (or its VMEM budget model) rejects it
+    "grader_limit",         # 7 run: the grader cannot run this program yet (its limit, not the kernel's fault)
     "runtime_error",        # 7 run: an exception, race, out-of-bounds access or crash while running
+                            # (4a grid: a block index out of range at a bench size)
     "timeout",              # any worker stage: ran past its time limit
     "wrong_shape",          # 7 run: output shape, dtype or arity differs from the reference
     "wrong_output",         # 7 run: values outside tolerance (or NaN/inf)
+                            # (4a grid: an output block never written, an argument not read in full)
     "correct",              # all stages passed
 )
 

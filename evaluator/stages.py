@@ -13,8 +13,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from evaluator import coverage
 from evaluator import features as feature_checks
-from evaluator import perf_model, policy
+from evaluator import grid_checks
+from evaluator import intermediates, one_program, perf_model, policy, precision
 from evaluator.backends import Backend
 from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
@@ -36,7 +38,8 @@ INSIDE_FLOPS_SHARE = 0.5
 # output written once, the reference's FLOPs, matmuls at the bf16 rate whatever the dtype:
 # PerfEstimate.floor_time_s) by more than this: faster is physically absent work.
 MIN_ESTIMATE_VS_IDEAL = 0.8
-# A kernel body whose equations come mostly from a library's code is the library's kernel.
+# A kernel body whose work (what reaches its outputs, weighed by cost: evaluator/live_work.py)
+# comes mostly from a library's code is the library's kernel.
 MAX_LIBRARY_SHARE = 0.5
 
 
@@ -67,6 +70,14 @@ class GradingContext:
     shim: str = ""  # appended when loaded: kernel() for a candidate in a peer suite's format
     summaries: dict[str, TraceSummary] = field(default_factory=dict)
     origins: dict[str, list[KernelOrigin]] = field(default_factory=dict)
+    # Primitives around kernels that the interpret-mode replay cannot rebuild yet (any case).
+    replay_limits: list[str] = field(default_factory=list)
+    # Check cases the coverage stage derived from bench cases (evaluator/coverage.py): run
+    # after the task's own check cases, so every axis tiled at bench sizes runs two blocks.
+    coverage_cases: list[Case] = field(default_factory=list)
+    # The kernels' least share of the task's FLOPs over the check cases (structure stage): the
+    # bench-size work rules judge kernels that do at least INSIDE_FLOPS_SHARE there.
+    check_work_share: float = 1.0
 
     @property
     def traced_cases(self) -> list[Case]:
@@ -75,7 +86,7 @@ class GradingContext:
 
     @property
     def run_cases(self) -> list[Case]:
-        return self.task.select(self.split, "check")
+        return self.task.select(self.split, "check") + self.coverage_cases
 
 
 def case_spec(task: Task, case: Case, traffic: bool = False) -> CaseSpec:
@@ -133,8 +144,9 @@ def load_stage(ctx: GradingContext) -> Failure | None:
 # --- 4. structure: kernels present, heavy work inside them ----------------------------------
 def structure_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
-    # Bench sizes also get the traffic analysis that the performance model needs.
-    specs = [case_spec(ctx.task, c, traffic=c.size == "bench") for c in cases]
+    # Every size gets the traffic analysis: the performance model needs it at bench sizes, and
+    # the work rule compares the kernels' FLOPs at bench sizes with theirs at check sizes.
+    specs = [case_spec(ctx.task, c, traffic=True) for c in cases]
     reply, _ = ctx.worker.call(Trace(specs), what="tracing kernel()")
     if isinstance(reply, Failed):
         case = next(c for c in cases if c.name == reply.case)
@@ -150,6 +162,7 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
                        reply.error_type, reply.error)
     ctx.summaries = {t.case: t.summary for t in reply.cases}
     ctx.origins = {t.case: t.origins for t in reply.cases}
+    ctx.replay_limits = sorted({name for t in reply.cases for name in t.replay_limits})
     for case in cases:
         summary = ctx.summaries[case.name]
         out = summary.outside
@@ -163,6 +176,11 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
         failure = _origin_failure(ctx.origins[case.name], case)
         if failure is not None:
             return failure
+        low = None if ctx.task.external is not None else precision.low_precision_finding(
+            summary.pallas_calls, [a.dtype for a in ctx.task.arg_specs(case)], case.name, ctx.task.name)
+        if low is not None:
+            return Failure("policy_violation", low, details={"low_precision_dots": sorted(
+                {d for call in summary.pallas_calls for d in call.low_precision_dots})})
         if out.heavy_ops:
             return Failure("work_outside_kernel", f"{', '.join(sorted(set(out.heavy_ops)))} runs outside "
                            f"any Pallas kernel at case {case.name}; matrix products must happen "
@@ -177,11 +195,51 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
                            f"arithmetic runs outside the Pallas kernels at case {case.name} "
                            f"(mostly {ops}); only glue such as padding, reshapes and casts may run "
                            f"outside (limit {OUTSIDE_FLOPS_SHARE:.0%}).")
-        if case.size == "bench" and ref_flops:
-            failure = _missing_work(summary, ref_flops * ctx.task.necessary_flops_share, case)
+        failure = _intermediate_failure(ctx, summary, case)
+        if failure is not None:
+            return failure
+    return _bench_program_failure(ctx, cases)
+
+
+def _bench_program_failure(ctx: GradingContext, cases: list[Case]) -> Failure | None:
+    """At bench sizes (traced, lowered and timed, never compared on a CPU) the program must be
+    the one the check sizes ran (evaluator/one_program.py) and do no less of the task's work,
+    relative to the reference, than it does there. A shortcut taken only where nobody compares
+    is refused whatever its FLOPs; an exact rewrite that does less work at every size is not."""
+    checks = [c for c in cases if c.size == "check"]
+    shares = [_work_share(ctx, c) for c in checks]
+    check_share = ctx.check_work_share = min((s for s in shares if s is not None), default=1.0)
+    for case in (c for c in cases if c.size == "bench"):
+        summary = ctx.summaries[case.name]
+        why = one_program.shortcut(summary, [(c.name, ctx.summaries[c.name]) for c in checks])
+        if why is not None:
+            return Failure("work_outside_kernel", f"at bench case {case.describe()} {why}; kernel() must "
+                           "be one program at every size (the same kernels, computing the same things, as "
+                           "at the check sizes), so that what is timed is what was checked.")
+        ref_flops = ctx.references.flops(ctx.task, case) * ctx.task.necessary_flops_share
+        if ref_flops:
+            failure = _missing_work(summary, ref_flops, case, check_share)
             if failure is not None:
                 return failure
     return None
+
+
+def _work_share(ctx: GradingContext, case: Case) -> float | None:
+    """The kernels' FLOPs over the FLOPs the task needs at a case (None where it needs none)."""
+    needed = ctx.references.flops(ctx.task, case) * ctx.task.necessary_flops_share
+    return ctx.summaries[case.name].kernel_flops / needed if needed else None
+
+
+def _intermediate_failure(ctx: GradingContext, summary: TraceSummary, case: Case) -> Failure | None:
+    """A tensor kept in HBM between kernels, or exp/log/reductions outside kernels, over more
+    than INTERMEDIATE_LIMIT x the case's inputs and outputs (evaluator/intermediates.py): the
+    FLOP share misses attention's softmax left to XLA over the [B, H, S, S] logits."""
+    arrays = [(tuple(a.shape), a.dtype) for a in (*ctx.task.arg_specs(case), *ctx.task.out_specs(case))]
+    weighed = intermediates.weigh(summary.intermediates, summary.outside_math, arrays, case.describe())
+    ctx.verdict.details.setdefault("intermediate_ratio", {})[case.name] = weighed.ratio
+    if weighed.message is None:
+        return None
+    return Failure("work_outside_kernel", weighed.message, details=weighed.details)
 
 
 def _origin_failure(origins: list[KernelOrigin], case: Case) -> Failure | None:
@@ -200,48 +258,150 @@ def _origin_failure(origins: list[KernelOrigin], case: Case) -> Failure | None:
                            details={"library_kernel": origin.defined_in})
         if origin.library_share > MAX_LIBRARY_SHARE:
             return Failure("policy_violation", f"the body of kernel {origin.name} at case {case.name} "
-                           f"does its work by calling library code ({origin.library_share:.0%} of its "
-                           f"operations come from {origin.main_library}); the task asks for a kernel "
-                           "you write: compute in the kernel body yourself.",
+                           f"does its work by calling library code ({origin.library_share:.0%} of the "
+                           f"work that reaches its outputs comes from {origin.main_library}); the task "
+                           "asks for a kernel you write: compute in the kernel body yourself.",
                            details={"library_kernel": origin.main_library})
     return None
 
 
-def _missing_work(summary: TraceSummary, ref_flops: float, case: Case) -> Failure | None:
-    """At a bench size (traced and lowered, timed on a TPU, never compared on a CPU) the
-    kernels must still do the task's arithmetic: a kernel that is right only where it is
-    checked does its real work at check sizes alone. `ref_flops`: the FLOPs the task needs
-    (the reference's, times Task.necessary_flops_share)."""
+def _missing_work(summary: TraceSummary, ref_flops: float, case: Case, check_share: float = 1.0
+                  ) -> Failure | None:
+    """At a bench size the kernels must do some arithmetic, and, when they do at least
+    INSIDE_FLOPS_SHARE of the task's FLOPs at the check sizes (`check_share`: a kernel that
+    does the task's work where it is compared), at least that share here too: one that is right
+    only where it is checked does its real work at check sizes alone. A kernel that does less
+    at the check sizes, and is right there, computes the task another way (an exact rewrite,
+    `sum(x @ W, 1)` as `x @ W.sum(0)`): the floor cannot judge it, the one-program rule does.
+    `ref_flops`: the FLOPs the task needs (the reference's, times Task.necessary_flops_share)."""
     inside = summary.kernel_flops
-    if inside >= INSIDE_FLOPS_SHARE * ref_flops:
+    expected = INSIDE_FLOPS_SHARE if check_share >= INSIDE_FLOPS_SHARE else 0.0
+    if inside > 0 and inside >= expected * ref_flops:
         return None
-    if any(c.data_dependent_trips for c in summary.pallas_calls):
-        return None  # a loop or grid of unknown length: the count is a lower bound, undecided
+    calls = summary.pallas_calls
+    if any(c.undecided_trips for c in calls) and not any(c.unbounded_trips_from for c in calls):
+        return None  # a loop or grid the task's integer inputs size: a lower bound, undecided
     return Failure("work_outside_kernel", f"at case {case.describe()} the Pallas kernels perform "
                    f"{inside / 1e9:.3g} GFLOP, {inside / ref_flops:.0%} of the task's "
-                   f"{ref_flops / 1e9:.3g} GFLOP (at least {INSIDE_FLOPS_SHARE:.0%} expected); the "
-                   "kernel must compute the whole task at every size, not only at small ones.",
-                   details={"inside_flops": inside, "reference_flops": ref_flops})
+                   f"{ref_flops / 1e9:.3g} GFLOP (at least {expected:.0%} expected, and some arithmetic: "
+                   f"at the check sizes they perform {min(check_share, 9.99):.0%} of it); the "
+                   "kernel must compute the whole task at every size, not only at small ones"
+                   f"{_counted_once([(c.name, c.unbounded_trips_from) for c in calls])}.",
+                   details={"inside_flops": inside, "reference_flops": ref_flops, "check_share": check_share})
+
+
+def _counted_once(kernels: list[tuple[str, str]]) -> str:
+    """A clause naming the kernels whose loop or grid length depends on something other
+    than the task's integer inputs (evaluator/trip_origin.py) and so counted once."""
+    named = [f"kernel {name} has a loop or grid whose length depends on {source}, counted once"
+             for name, source in kernels if source]
+    if not named:
+        return ""
+    return f"; {'; '.join(named)}: take trip counts from shapes, the grid or the task's integer inputs"
+
+
+# --- 4a. grid: index maps over the whole grid at bench sizes ------------------------------------
+def grid_stage(ctx: GradingContext) -> Failure | None:
+    """Bench sizes are traced but never run here, and a check case often fits in one block per
+    axis: the worker evaluated every index map over the whole grid (evaluator/grid_checks.py).
+    A block outside its array, an output block never written, or a kernel() argument not read
+    in full at a bench size is refused. Check sizes are run, where interpret mode sees these."""
+    unchecked: dict[str, dict[str, list[str]]] = {}
+    for case in ctx.task.select(ctx.split, "bench"):
+        for call in ctx.summaries[case.name].pallas_calls:
+            if call.grid_unchecked:
+                unchecked.setdefault(case.name, {})[call.name] = call.grid_unchecked
+            for finding in call.grid_findings:
+                status, message, error_type = grid_checks.refusal(finding, call.name, case.describe())
+                return Failure(status, message, error_type, message,
+                               details={"grid_finding": dataclasses.asdict(finding)})
+    if unchecked:
+        ctx.verdict.details["grid_unchecked"] = unchecked
+    return None
+
+
+# --- 4b. coverage: every axis tiled at bench sizes runs two blocks at some check case ---------
+def coverage_stage(ctx: GradingContext) -> Failure | None:
+    """Derive check cases for the grid axes that only bench sizes tile (evaluator/coverage.py);
+    the run stage runs them like the task's own. Never fails by itself: a derived case that
+    cannot be made (kernel() does not trace there, over the size budget) is listed in
+    details["coverage"]["uncovered"]."""
+    task, split = ctx.task, ctx.split
+    checks, benches = task.select(split, "check"), task.select(split, "bench")
+    gaps = coverage.axis_gaps([ctx.summaries[c.name] for c in checks],
+                              [(b.name, ctx.summaries[b.name]) for b in benches])
+    plan = coverage.CoveragePlan(gaps=gaps)
+    budget = coverage.MAX_ELEMENTS_FACTOR * max(coverage.elements(task, c) for c in checks)
+    for bench in benches:
+        mine = [g for g in gaps if g.bench == bench.name]
+        if not mine:
+            continue
+        if task.external is not None:
+            # An imported task's sources are rewritten per declared size (suites/): it has no
+            # other sizes to derive.
+            plan.uncovered += [f"{g.describe()}: an imported task has no sizes but its own" for g in mine]
+            continue
+        base = coverage.base_case(task, split, bench)
+        probes = coverage.probe_cases(base, bench)
+        traced = _trace_where_possible(ctx, list(probes.values()))
+        sizes: dict[str, int] = {}
+        for dim, probe in probes.items():
+            for _, steps in coverage.drives(traced[probe.name], mine) if probe.name in traced else ():
+                sizes[dim] = max(sizes.get(dim, 0), coverage.covering_size(task, dim, bench.dims[dim], steps))
+        cases, skipped = coverage.plan_cases(task, base, bench, sizes, budget)
+        cases = [c for c in cases if c.name not in plan.derived_from]
+        derived = _trace_where_possible(ctx, cases)
+        for case in cases:
+            if case.name in derived:
+                plan.add(case, bench, derived[case.name])
+                ctx.summaries[case.name] = derived[case.name]
+            else:
+                skipped.append(f"kernel() does not trace at {case.describe()}")
+        plan.uncovered += skipped
+        plan.uncovered += [f"{g.describe()}: no derived case runs it with two steps"
+                           for g in coverage.still_uncovered(mine, [derived[c] for c in derived])]
+    ctx.coverage_cases = plan.cases
+    ctx.verdict.details["coverage"] = plan.to_details(coverage.steps_table(ctx.summaries, ctx.run_cases))
+    return None
+
+
+def _trace_where_possible(ctx: GradingContext, cases: list[Case]) -> dict[str, TraceSummary]:
+    """Trace `cases` in the worker (kept there for the run stage); a case kernel() does not
+    trace at is dropped, not a failure: it is a size the grader chose, not one the task asks."""
+    out: dict[str, TraceSummary] = {}
+    todo = list(cases)
+    while todo:
+        reply, _ = ctx.worker.call(Trace([case_spec(ctx.task, c) for c in todo]),
+                                   what="tracing kernel() at coverage sizes")
+        if not isinstance(reply, Failed):
+            out.update({t.case: t.summary for t in reply.cases})
+            break
+        # Trace stops at the first case that fails: drop it and trace the others again.
+        todo = [c for c in todo if c.name != reply.case]
+    return out
 
 
 # --- 5. required TPU features ------------------------------------------------------------------
 def features_stage(ctx: GradingContext) -> Failure | None:
-    """Every required feature used (not only declared) by some kernel at every case; the rules
-    are in evaluator/features.py. What was found goes into details["features"]."""
+    """Every required feature used (not only declared) at every case by the kernels that carry
+    most of its work; the rules are in evaluator/features.py. What was found goes into
+    details["features"]."""
     if not ctx.task.required_features:
         return None
     found: dict[str, dict[str, list[dict[str, Any]]]] = {}
     ctx.verdict.details["features"] = found
     for case in ctx.traced_cases:
         calls = ctx.summaries[case.name].pallas_calls
+        inputs = list(ctx.task.arg_specs(case))
         for name in ctx.task.required_features:
-            evidence = feature_checks.feature_evidence(name, calls, bench=case.size == "bench")
+            evidence, why = feature_checks.check_feature(name, calls, case.size == "bench", inputs)
             found.setdefault(name, {})[case.name] = [e.facts for e in evidence]
-            if any(e.used for e in evidence):
+            if why is None:
                 continue
-            why = "; ".join(e.why_not for e in evidence) or "there is no kernel"
-            return Failure("missing_feature", f"task {ctx.task.name} requires {name}, which no kernel "
-                           f"uses at case {case.describe()}: {why}. To use it, "
+            who = ("the kernels doing the work do not use it" if any(e.used for e in evidence)
+                   else "no kernel uses it")
+            return Failure("missing_feature", f"task {ctx.task.name} requires {name}, but {who} "
+                           f"at case {case.describe()}: {why}. To use it, "
                            f"{feature_checks.how_to_use(name)}.")
     return None
 
@@ -318,20 +478,29 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
         ctx.verdict.details.setdefault("perf_estimate", est.summary())
     ctx.verdict.details["perf_model"] = estimates
     for name, est in estimates.items():
-        lower_bound = any(k["data_dependent_trips"] for k in est["kernels"])  # undecided
+        kernels = est["kernels"]
+        # Undecided: a loop or grid the task's integer inputs size (evaluator/trip_origin.py).
+        lower_bound = (any(k["data_dependent_trips"] for k in kernels)
+                       and not any(k["unbounded_trips_from"] for k in kernels))
         vs_floor = est["time_s"] / est["floor_time_s"] if est["floor_time_s"] else float("inf")
-        if vs_floor < MIN_ESTIMATE_VS_IDEAL and not lower_bound:
+        # Only for kernels that do the task's work at the check sizes (as _missing_work): a
+        # rewrite that needs less arithmetic is faster than the reference's ideal everywhere.
+        judged = ctx.check_work_share >= INSIDE_FLOPS_SHARE
+        if judged and vs_floor < MIN_ESTIMATE_VS_IDEAL and not lower_bound:
             case = next(c for c in ctx.task.cases if c.name == name)
             return Failure("work_outside_kernel", f"at case {case.describe()} the kernels' static "
                            f"estimate is {vs_floor:.2f}x the time of an ideal kernel "
                            "that reads every input once, writes every output once and does the "
                            "task's arithmetic at the bf16 peak: less work than the task needs. The kernel must "
-                           "compute the whole task at every size.")
+                           "compute the whole task at every size"
+                           f"{_counted_once([(k['name'], k['unbounded_trips_from']) for k in kernels])}.")
     return None
 
 
 # --- 7. run every case on fresh seeds and compare --------------------------------------------
 def run_stage(ctx: GradingContext) -> Failure | None:
+    if ctx.backend.interpret and ctx.replay_limits:
+        return _replay_limit_failure(ctx)
     failures: list[tuple[CaseResult, Failure]] = []
     for index, case in enumerate(ctx.run_cases):
         result = CaseResult(case.name, case.split, dict(case.dims), case.dtype, dict(case.params))
@@ -354,8 +523,22 @@ def run_stage(ctx: GradingContext) -> Failure | None:
     passed = [c.name for c in ran if c.status == "correct"]
     summary = f" {len(failures)} of {len(ran)} cases failed"
     summary += f" (passed: {', '.join(passed[:4])}{'...' if len(passed) > 4 else ''})." if passed else "."
-    first.message += summary
+    first.message += summary + coverage.failure_note(ctx.verdict.details.get("coverage"), first_result.name)
     return first
+
+
+def _replay_limit_failure(ctx: GradingContext) -> Failure:
+    """The grader's own limit (evaluator/program.py, ReplayLimit): the kernel passed every
+    check so far, but this backend cannot run it, so nothing is said against the kernel."""
+    where = " or ".join(repr(name) for name in ctx.replay_limits)
+    return Failure("grader_limit", f"this grader cannot run the kernel on {ctx.backend.name} yet: its "
+                   f"TPU interpret mode cannot replay a pallas_call inside {where}. That is the "
+                   "grader's limit, not an error in your kernel, which passed every check before the "
+                   "run (the TPU lowering included). To be graded here, call the pallas_call outside "
+                   f"{where} (jit, scan, while_loop, cond and shard_map are replayed); on a TPU "
+                   "(--backend tpu) it runs as traced.",
+                   "ReplayLimit", f"a pallas_call inside {where} cannot be replayed in interpret mode",
+                   details={"replay_limits": list(ctx.replay_limits)})
 
 
 def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | None:
@@ -478,6 +661,8 @@ STAGES: tuple[tuple[str, Stage], ...] = (
     ("policy", policy_stage),
     ("load", load_stage),
     ("structure", structure_stage),
+    ("grid", grid_stage),
+    ("coverage", coverage_stage),
     ("features", features_stage),
     ("lowering", lowering_stage),
     ("estimate", estimate_stage),

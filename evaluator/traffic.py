@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from evaluator.grid_conds import grid_cond_branches
 from evaluator.jaxpr_cost import Cost, walk
 
 MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead of evaluating
@@ -60,13 +61,17 @@ def _reads(jaxpr: Any, variables: list) -> bool:
     return any(id(v) in wanted for v in used)
 
 
-def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | None = None
-                         ) -> Cost:
-    """FLOPs and bytes copied by manual DMAs for one grid step of the kernel body.
+def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | None = None,
+                         grid: tuple[int, ...] | None = None) -> Cost:
+    """FLOPs and bytes copied by manual DMAs for one grid step of the kernel body, the mean
+    over the steps of `grid` (when it is static).
 
     Matmuls count 2 x output x contraction, other arithmetic one per element; loops count
     their trip count (a while loop its maximum from `trips`, evaluator/intervals.py, else
-    once and flagged), a pl.when counts its dearer branch. A DMA moves its destination's
-    bytes as indexed (a slot of a VMEM buffer filled from a slice of an HBM array).
+    once and flagged). A pl.when whose predicate depends on the grid position (and loop
+    counters) alone counts on the steps that take it (evaluator/grid_conds.py), any other
+    its dearer branch. A DMA moves its destination's bytes as indexed (a slot of a VMEM
+    buffer filled from a slice of an HBM array).
     """
-    return walk(kernel_jaxpr, trips)
+    conds = grid_cond_branches(kernel_jaxpr, grid, trips) if grid is not None else None
+    return walk(kernel_jaxpr, trips, grid_conds=conds)

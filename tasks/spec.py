@@ -87,25 +87,40 @@ class Tolerance:
 # perturbed block fail every case).
 #
 # Default: f32 arithmetic outside the MXU (norms, softmax, reductions) is f32 on a TPU too, so
-# f32 is tight; bf16 outputs carry their own rounding (2**-9 relative) on top.
+# f32 is tight: honest kernels miss the reference by at most 8.9e-6 relative L2 (20 seeds), and
+# the bound of 5e-4 sits under what any bf16 step costs (an f32 output rounded to bf16 once:
+# 1.3e-3..2.8e-3; an rms_norm computed in bf16: 3.4e-3) while leaving the chip's transcendentals
+# and approximate reciprocals, which interpret mode does not model, far more than they need.
+# bf16 outputs carry their own rounding (2**-9 relative) on top.
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
-    "float32": Tolerance(atol=1e-2, rtol=1e-2, rel_l2=5e-3),
+    "float32": Tolerance(atol=1e-2, rtol=1e-2, rel_l2=5e-4),
     "bfloat16": Tolerance(atol=3e-2, rtol=3e-2, rel_l2=1.5e-2),
 }
 # Tasks whose work is matmuls: at default precision a TPU multiplies f32 operands as bf16 (one
 # MXU pass, f32 accumulation), which the evaluator reproduces in interpret mode. The relative L2
-# error of such a matmul is ~2.4e-3, and single elements of outputs near zero, or after a gelu,
-# miss by up to ~4% of the output's rms (geglu's f32 cases, 3.3e-2 over 20 seeds). The L2 bound stays
-# tight: a whole-tensor error of 1% is not rounding.
+# error of such a matmul is ~2.4e-3 (2.3e-3..3.1e-3 for the one-pass tasks over 20 seeds, the
+# worst on m=1 held-out rows), and single elements of outputs near zero, or after a gelu, miss
+# by up to ~4% of the output's rms (geglu's f32 cases, 3.3e-2 over 20 seeds). The f32 L2 bound
+# is about twice the worst honest error: an f32 matmul quantised to int8 per 128-wide K chunk
+# (relative L2 9.0e-3..1.1e-2) is not rounding (docs/architecture.md, "Tolerances").
 MXU_TOLERANCES: dict[str, Tolerance] = {
+    "float32": Tolerance(atol=6e-2, rtol=6e-2, rel_l2=6e-3),
+    "bfloat16": DEFAULT_TOLERANCES["bfloat16"],
+}
+# Two default-precision products multiplied together (geglu, swiglu_mlp's gate): each carries
+# its own bf16 rounding, so an honest kernel's relative L2 error reaches 4.9e-3 (geglu's
+# solution, 20 seeds); twice that is the old MXU bound.
+GATED_MXU_TOLERANCES: dict[str, Tolerance] = {
     "float32": Tolerance(atol=6e-2, rtol=6e-2, rel_l2=1e-2),
     "bfloat16": DEFAULT_TOLERANCES["bfloat16"],
 }
 # A softmax over matmul logits (attention forward, gemm_softmax): the inputs are spiky on
 # purpose (large logits hide nothing), and rounding q and k to bf16 moves a logit of size ~10
 # by ~0.04, which exp() turns into a few percent of a probability: single f32 outputs miss by
-# up to ~7% of the output's rms (ragged_attention), and gemm_softmax's relative L2 error
-# reaches 1.02e-2 (20 seeds). The same holds for bf16 inputs when a kernel scales q in bf16
+# up to ~7% of the output's rms (ragged_attention); relative L2 errors reach 8.2e-3 (20 seeds,
+# paged_attention; gemm_softmax's single-row case, up to 1.14e-2, has its own f32 bound, 2.5e-2). Computing
+# attention in bf16 costs about what default precision already does, so a tighter L2 bound
+# would refuse nothing more. The same holds for bf16 inputs when a kernel scales q in bf16
 # before its matmul (splash attention takes q pre-scaled), so both dtypes get the loose
 # element-wise bound; L2 still judges.
 ATTENTION_TOLERANCES: dict[str, Tolerance] = {

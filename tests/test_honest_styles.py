@@ -14,6 +14,7 @@ KERNELS = [
     ("rms_norm_rank1_scale", "rms_norm"),       # rank-1 block, `//` in index maps
     ("grouped_matmul_group_grid", "grouped_matmul"),  # scalar prefetch, grid over groups
     ("attention_causal_whole_kv", "attention_fwd_causal"),  # no online softmax, whole K/V
+    ("mlp_unfused", "transformer_mlp_fwd"),     # 3 kernels, [M, F] f32 hidden in HBM, gelu in XLA
 ]
 
 

@@ -10,6 +10,7 @@ from data_gen.collect import main
 from data_gen.dataset import heldout_markers
 from data_gen.mutations import mutants
 from tasks import all_tasks, get_task
+from tests.conftest import read_candidate
 from tests.fake_openai_server import FakeOpenAIServer
 
 
@@ -97,6 +98,9 @@ def test_replay_source(tmp_path):
          "repair": fenced(SOLUTION["matmul"]), "explanation": EXPLAIN, "model": "old-run"},
         {"task": "softmax", "attempt": fenced(SOLUTION["softmax"])},
         {"task": "rms_norm", "attempt": fenced(bug("rms_norm", "interpret_flag"))},
+        # a kernel the grader cannot run yet: no failure is confirmed, so no pair
+        {"task": "softmax", "attempt": fenced(read_candidate("grader_limit_custom_linear_solve")),
+         "repair": fenced(SOLUTION["softmax"]), "explanation": "Called the kernel directly."},
     ]
     replay.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     code = main(["--source", "replay", "--replay", str(replay), "--workers", "1", "--out-dir", str(tmp_path),
@@ -107,6 +111,7 @@ def test_replay_source(tmp_path):
     dropped = sorted(json.loads(x).get("dropped") or "" for x in
                      (tmp_path / "runs" / "r" / "journal.jsonl").read_text().splitlines())
     assert "attempt is correct" in dropped and "no repair in the row and no --teacher" in dropped
+    assert any(reason.startswith("grader_limit: ") for reason in dropped)
 
 
 @pytest.mark.parametrize("line", ['{"task": "matmul"}', "not json", '{"task": "nope", "attempt": "x"}'])

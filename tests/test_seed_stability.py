@@ -34,3 +34,15 @@ def test_solution_verdicts_do_not_flip_with_the_seed(task):
     for m in margins:
         assert not m.failed_cases, f"{m.kernel} ({m.dtype}): {m.failed_cases}"
         assert m.worst_ratio < MARGIN, f"{m.kernel} ({m.dtype}) reached {m.worst_ratio:.2f} of its bound"
+
+
+def test_a_dtype_keeps_only_its_cases_in_every_corpus():
+    """`--dtype float32` measures a family's f32 bound: bf16 cases, and kernels expected correct
+    on bf16 alone (jax's flash backward), are left out."""
+    bench = _benchmark()
+    kernels = bench.honest_kernels(["solutions", "honest", "thirdparty"], ["matmul", "attention_bwd"],
+                                   ["float32"])
+    labels = {label for label, *_ in kernels}
+    assert {"matmul/solution", "honest/matmul_manual_dma", "thirdparty/jax_matmul"} <= labels
+    assert "thirdparty/jax_flash_bwd" not in labels
+    assert all(c.dtype == "float32" for _, task, _, _ in kernels for c in task.cases)

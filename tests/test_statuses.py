@@ -16,6 +16,7 @@ CASES = [
     ("missing_feature_no_scalar_prefetch", "grouped_matmul", "missing_feature"),
     ("lowering_error_block_7x100", "matmul", "lowering_error"),
     ("compile_error_vmem_overflow", "matmul", "compile_error"),
+    ("grader_limit_custom_linear_solve", "softmax", "grader_limit"),
     ("runtime_error_index_map_out_of_range", "matmul", "runtime_error"),
     ("runtime_error_memory_hog", "matmul", "runtime_error"),
     ("runtime_error_data_race", "softmax", "runtime_error"),

@@ -29,8 +29,10 @@ vmem_limit_bytes is raised to fit (seq 4096 f32: about 30 MiB in all).
 
 Nothing is padded in HBM: blocks may overhang the arrays (the pipeline copies the rows that
 exist and drops overhanging output rows on write-back). Rows past the sequence hold stale VMEM,
-so the chunk and tile that run past its end zero those rows of q, do, lse, delta, k and v and
-mask those queries and keys out of p; every term they could touch is then exactly zero.
+so the chunk and the tiles that run past its end (a ragged last tile, and whole tiles of a last
+kv block that overhangs the sequence: 2560 keys in three blocks of 1024) zero those rows of q,
+do, lse, delta, k and v and mask those queries and keys out of p; every term they could touch
+is then exactly zero.
 """
 import functools
 
@@ -70,13 +72,15 @@ def _zero_rows_from(x, start, limit, axis):
 
 def attention_bwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, do_ref,
                          dq_ref, dk_ref, dv_ref, delta_ref, dq_acc, *,
-                         scale, seq_len, tile_k, block_q):
+                         scale, seq_len, kv_rows, tile_k, block_q):
     block_k, head_dim = k_ref.shape
     q_rows = q_ref.shape[0]
     n_chunks = q_rows // block_q
     kb = pl.program_id(2)
     ragged_q = seq_len % block_q != 0   # static: the last query chunk runs past the sequence
-    ragged_k = seq_len % tile_k != 0    # static: the last key tile runs past the sequence
+    # static: some key tile runs past the sequence (a ragged last tile, or whole tiles of the
+    # last kv block beyond it when the blocks overhang the sequence)
+    ragged_k = kv_rows > seq_len
 
     @pl.when(kb == 0)
     def _head_start():
@@ -168,7 +172,7 @@ def _attention_bwd(q, k, v, o, lse, do, *, block_k, k_blocks, tile_k, block_q):
             + 4 * q_rows * (head_dim + 8)                        # dq and delta scratch
             + 10 * tile_k * block_q * 4 + 8 * _MiB)              # logit tiles and headroom
     kernel_fn = functools.partial(attention_bwd_kernel, scale=head_dim ** -0.5, seq_len=seq,
-                                  tile_k=tile_k, block_q=block_q)
+                                  kv_rows=k_blocks * block_k, tile_k=tile_k, block_q=block_q)
     dq, dk, dv = pl.pallas_call(
         kernel_fn,
         grid=(batch, heads, k_blocks),

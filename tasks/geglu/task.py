@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import GATED_MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 _HI = lax.Precision.HIGHEST
@@ -60,6 +60,6 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
-    tolerances=dict(MXU_TOLERANCES),
+    tolerances=dict(GATED_MXU_TOLERANCES),
     heldout_task=True,
 )

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, np_dtype
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, Tolerance, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -39,6 +39,12 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return x.astype(np_dtype(case.dtype)), w.astype(np_dtype(case.dtype))
 
 
+# One row of softmax over default-precision logits (the m=1 held-out case) varies widely with
+# the seed: the solution's relative L2 error reached 1.14e-2 over 20 seeds (0.76 of the
+# attention family's 1.5e-2), the other cases 5e-3; the f32 bound is about twice the worst.
+TOLERANCES = {**ATTENTION_TOLERANCES,
+              "float32": Tolerance(atol=0.12, rtol=0.12, rel_l2=2.5e-2)}
+
 CASES = (
     case_grid("train", "check", [dict(m=512, k=1024, n=256), dict(m=140, k=320, n=704)], _DTYPES)
     # Held-out shapes differ in kind: unaligned in every dim (padded columns must be masked),
@@ -62,5 +68,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
-    tolerances=dict(ATTENTION_TOLERANCES),
+    tolerances=dict(TOLERANCES),
 )

@@ -1,0 +1,50 @@
+"""One program at every size: bench-size shortcuts are refused, rewrites that need less work are not."""
+from evaluator import one_program
+from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
+from evaluator.jaxpr_cost import Cost
+from evaluator.stages import _missing_work
+from tasks import get_task
+
+
+def call(name: str, *primitives: str, flops: float = 0.0) -> PallasCallInfo:
+    return PallasCallInfo(name, [1], [], [], 0, None, None, ["get", "swap", *primitives],
+                          flops_per_step=flops)
+
+
+def program(*calls: PallasCallInfo) -> TraceSummary:
+    return TraceSummary(list(calls), Cost(), [])
+
+
+CHECKS = [("check_a", program(call("mm", "dot_general", "select_n", "iota"))),   # ragged: masks too
+          ("check_b", program(call("mm", "dot_general")))]
+
+
+def test_the_same_kernels_computing_the_same_kinds_of_work_pass():
+    assert one_program.shortcut(program(call("mm", "dot_general", "add")), CHECKS) is None
+
+
+def test_a_kernel_that_runs_only_at_bench_sizes_is_a_shortcut():
+    why = one_program.shortcut(program(call("mm", "dot_general"), call("zeros")), CHECKS)
+    assert "zeros runs here but at no check case" in why
+
+
+def test_a_kernel_that_drops_its_matmul_at_bench_sizes_is_a_shortcut():
+    why = one_program.shortcut(program(call("mm", "add")), CHECKS)
+    assert "no longer computes dot_general" in why
+
+
+def test_a_kernel_left_out_at_bench_sizes_is_a_shortcut():
+    checks = [("check", program(call("stats", "reduce_max", "exp"), call("normalise", "div")))]
+    why = one_program.shortcut(program(call("stats", "reduce_max", "exp")), checks)
+    assert "normalise" in why and "do not run here" in why
+
+
+def test_the_work_floor_judges_kernels_that_do_the_tasks_work_at_check_sizes():
+    case = get_task("matmul").select("train", "bench")[0]
+    needed = 1e12
+    tenth = program(call("mm", "dot_general", flops=0.1 * needed))
+    assert _missing_work(tenth, needed, case) is not None                   # all the work at check sizes
+    assert _missing_work(tenth, needed, case, check_share=0.6) is not None  # most of it there, a tenth here
+    assert _missing_work(tenth, needed, case, check_share=0.2) is None      # a rewrite: less everywhere
+    nothing = program(call("mm", "dot_general", flops=0.0))
+    assert _missing_work(nothing, needed, case, check_share=0.0) is not None  # no arithmetic at all
