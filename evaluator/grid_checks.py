@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from evaluator.traffic import reads_prefetched
+from evaluator.traffic import block_indices, reads_prefetched
 
 # Grids up to this many points are evaluated whole (about 0.5 s per block mapping at the
 # cap); larger ones are skipped and listed as unchecked.
@@ -48,7 +48,7 @@ _CASTS = frozenset({"convert_element_type", "copy", "copy_p"})
 
 @dataclass
 class GridFinding:
-    """One fault of a block mapping over the grid, for the grid stage's message."""
+    """One fault of a block mapping over the grid, for the index-maps stage's message."""
 
     kind: str  # "out_of_range", "unwritten" or "unread"
     operand: str  # "input 0", "output 1": the position in in_specs / out_specs
@@ -159,7 +159,7 @@ def check_grid(eqn: Any, arguments: dict[int, tuple[int, ...]] | None = None
             unchecked.append(f"{operand}: {why}")
             continue
         try:
-            indices = _evaluate(bm, points, len(grid))
+            indices = block_indices(bm, points, len(grid))
         except Exception as exc:  # a primitive that has no eager rule: say so, judge the rest
             unchecked.append(f"{operand}: its index map could not be evaluated ({type(exc).__name__})")
             continue
@@ -210,23 +210,6 @@ def _size(b: Any, strict: bool = False) -> int | None:
     if kind == "Blocked":
         return int(b.block_size)
     return -1 if strict else int(getattr(b, "block_size", 1))
-
-
-def _evaluate(bm: Any, points: np.ndarray, n_grid: int) -> np.ndarray:
-    """The block indices at every grid point: [dims, points]."""
-    import jax
-
-    closed = bm.index_map_jaxpr
-    unread = [None] * (len(closed.jaxpr.invars) - n_grid)  # prefetched refs: never read here
-    steps = points.shape[1]
-    if n_grid == 0:
-        out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *unread)
-        return np.asarray([np.full(steps, int(np.asarray(i))) for i in out], np.int64).reshape(-1, steps)
-    fn = jax.vmap(lambda *idx: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *idx, *unread))
-    out = fn(*points)
-    if not out:
-        return np.zeros((0, steps), np.int64)
-    return np.stack([np.broadcast_to(np.asarray(i, np.int64).reshape(-1), (steps,)) for i in out])
 
 
 def _finding(kind: str, m: _Mapping, index: Sequence[int], axis: int,

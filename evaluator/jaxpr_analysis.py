@@ -65,7 +65,7 @@ class PallasCallInfo:
     prefetch_index_maps: list[int] = field(default_factory=list)
     # The index maps evaluated over the whole static grid (evaluator/grid_checks.py): blocks
     # out of range, output blocks never written, inputs not read in full; and what was not
-    # checked, and why. Judged at bench sizes by the grid stage.
+    # checked, and why. Judged at bench sizes by the index-maps stage.
     grid_findings: list[GridFinding] = field(default_factory=list)
     grid_unchecked: list[str] = field(default_factory=list)
     # dot_generals of the body on int8/fp8 operands ("int8 x int8 -> int32"): below a float

@@ -300,8 +300,8 @@ def _counted_once(kernels: list[tuple[str, str]]) -> str:
     return f"; {'; '.join(named)}: take trip counts from shapes, the grid or the task's integer inputs"
 
 
-# --- 4a. grid: index maps over the whole grid at bench sizes ------------------------------------
-def grid_stage(ctx: GradingContext) -> Failure | None:
+# --- 4a. index maps: evaluated over the whole grid at bench sizes ------------------------------------
+def index_maps_stage(ctx: GradingContext) -> Failure | None:
     """Bench sizes are traced but never run here, and a check case often fits in one block per
     axis: the worker evaluated every index map over the whole grid (evaluator/grid_checks.py).
     A block outside its array, an output block never written, or a kernel() argument not read
@@ -661,7 +661,7 @@ STAGES: tuple[tuple[str, Stage], ...] = (
     ("policy", policy_stage),
     ("load", load_stage),
     ("structure", structure_stage),
-    ("grid", grid_stage),
+    ("index_maps", index_maps_stage),
     ("coverage", coverage_stage),
     ("features", features_stage),
     ("lowering", lowering_stage),

@@ -22,8 +22,6 @@ MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead o
 def block_fetches(block_mapping: Any, grid: tuple[int, ...]) -> int | None:
     """How many times the pipeline copies this block; None if its index map reads
     prefetched scalars (data-dependent) or the grid is too large to walk."""
-    import jax
-
     closed = block_mapping.index_map_jaxpr
     steps = math.prod(grid)
     # With scalar prefetch the index map also receives the prefetched refs; only a map that
@@ -35,14 +33,27 @@ def block_fetches(block_mapping: Any, grid: tuple[int, ...]) -> int | None:
         return steps
     # Grid points in iteration order: lexicographic, last axis fastest.
     points = np.indices(grid).reshape(len(grid), -1).astype(np.int32)
-    unread = [None] * len(prefetched)  # never looked at: _reads said so
-    eval_map = jax.vmap(lambda *idx: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *idx, *unread))
-    indices = [np.asarray(i).reshape(steps) for i in eval_map(*points)]
-    if not indices:
-        return 1
-    stacked = np.stack(indices)  # [block dims, steps]
+    stacked = block_indices(block_mapping, points, len(grid))  # [block dims, steps]
     changes = int(np.count_nonzero(np.any(stacked[:, 1:] != stacked[:, :-1], axis=0)))
     return 1 + changes
+
+
+def block_indices(block_mapping: Any, points: np.ndarray, n_grid: int) -> np.ndarray:
+    """The block indices its index map returns at every grid point (`points`: [grid dims,
+    steps], in iteration order): [block dims, steps]. The map must not read prefetched
+    scalars (`reads_prefetched`): they are passed as None."""
+    import jax
+
+    closed = block_mapping.index_map_jaxpr
+    unread = [None] * (len(closed.jaxpr.invars) - n_grid)
+    steps = points.shape[1]
+    if n_grid == 0:
+        out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *unread)
+    else:
+        out = jax.vmap(lambda *idx: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *idx, *unread))(*points)
+    if not out:
+        return np.zeros((0, steps), np.int64)
+    return np.stack([np.broadcast_to(np.asarray(i, np.int64).reshape(-1), (steps,)) for i in out])
 
 
 def reads_prefetched(block_mapping: Any, n_grid: int) -> bool:

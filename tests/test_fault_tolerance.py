@@ -67,7 +67,7 @@ def test_a_runtime_error_in_any_case_replaces_the_worker():
 
     task = get_task("attention_fwd_causal")
     swapped = next(m for m in mutants(task) if m.operator == "index_map_swap")
-    # Check sizes only: at bench sizes the grid stage refuses the swapped map before any run.
+    # Check sizes only: at bench sizes the index-maps stage refuses the swapped map before any run.
     task = dataclasses.replace(task, cases=tuple(c for c in task.cases if c.size == "check"))
     with Evaluator(backend="tpu-interpret", workers=1) as ev:
         verdict = ev.grade(task, swapped.answer(), "train", seed=0)
