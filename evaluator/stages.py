@@ -145,7 +145,7 @@ def load_stage(ctx: GradingContext) -> Failure | None:
 def structure_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
     # Every size gets the traffic analysis: the performance model needs it at bench sizes, and
-    # the work rules ask how much of the task's FLOPs the kernels do at the check sizes.
+    # the work rule compares the kernels' FLOPs at bench sizes with theirs at check sizes.
     specs = [case_spec(ctx.task, c, traffic=True) for c in cases]
     reply, _ = ctx.worker.call(Trace(specs), what="tracing kernel()")
     if isinstance(reply, Failed):
@@ -203,10 +203,9 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
 
 def _bench_program_failure(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     """At bench sizes (traced, lowered and timed, never compared on a CPU) the program must be
-    the one the check sizes ran (evaluator/one_program.py), and the FLOPs floor judges kernels
-    that do the task's work at the check sizes (_missing_work). A shortcut taken only where
-    nobody compares is refused whatever its FLOPs; an exact rewrite that does less work at
-    every size is not."""
+    the one the check sizes ran (evaluator/one_program.py) and do no less of the task's work,
+    relative to the reference, than it does there. A shortcut taken only where nobody compares
+    is refused whatever its FLOPs; an exact rewrite that does less work at every size is not."""
     checks = [c for c in cases if c.size == "check"]
     shares = [_work_share(ctx, c) for c in checks]
     check_share = ctx.check_work_share = min((s for s in shares if s is not None), default=1.0)
