@@ -42,7 +42,7 @@ UNCACHEABLE_ERRORS = frozenset({"WorkerCrash", "ActorDied"})
 def cache_key(task: Task, answer: str, settings: dict[str, Any]) -> str:
     """The content hash that keys a verdict (see the module docstring)."""
     try:
-        code = extract_code(answer, task.entry_point)
+        code = extract_code(answer, task.entry_points)
     except ExtractionError:
         code = answer   # the verdict is an extraction error: the answer itself decides it
     payload = {"code": code, "task": task.name, "task_files": task_digest(task),

@@ -3,32 +3,42 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
 _PYTHON_TAGS = {"", "python", "py", "python3"}
+# A fence line that opens a python block (or an untagged one).
+_OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*(python3?|py)?[ \t]*$", re.M | re.I)
 
 
 class ExtractionError(ValueError):
     pass
 
 
-def extract_code(answer: str, entry_point: str = "kernel") -> str:
+def extract_code(answer: str, entry_points: str | Sequence[str] = "kernel") -> str:
     """The candidate's source: a Python file as it is, else the answer's last fenced python block.
 
-    A file that parses and defines `kernel` (or the task's own entry point: an imported task's
-    `workload` or `ModelNew`) at module top level is graded whole, whatever its docstrings
-    and comments contain: real code carries ``` examples in its docstrings. Anything else is
-    a model's answer, prose plus code, and its last python block is its final word. Text
-    without any fence that does not parse is still taken whole when a line starts with the
-    entry point's definition (a truncated file): the policy stage then reports its syntax.
+    A file that parses and defines `kernel` (or one of the task's own entry points: an imported
+    task's `workload`, `ModelNew` or the `Model` a KernelBench answer rewrites) at module top
+    level is graded whole, whatever its docstrings and comments contain: real code carries ```
+    examples in its docstrings. Anything else is a model's answer, prose plus code, and its last
+    python block is its final word, unless a python fence opened after it never closes: the
+    answer was cut off mid-code, and an earlier snippet is not what it meant to submit. Text
+    without any fence that does not parse is still taken whole when a line starts with an entry
+    point's definition (a truncated file): the policy stage then reports its syntax.
     """
-    names = {"kernel", entry_point}
+    wanted = (entry_points,) if isinstance(entry_points, str) else tuple(entry_points)
+    names = {"kernel", *wanted}
     tree = _parse(answer)
     if tree is not None and any(_binds(stmt, names) for stmt in tree.body):
         return answer
-    blocks = [body for tag, body in _FENCE.findall(answer) if tag.lower() in _PYTHON_TAGS]
-    if blocks:
-        code = blocks[-1]
+    blocks = list(_FENCE.finditer(answer))
+    matches = [m for m in blocks if m.group(1).lower() in _PYTHON_TAGS]
+    if _OPEN_FENCE.search(answer[blocks[-1].end():] if blocks else answer):
+        raise ExtractionError("the answer ends inside a ```python block that never closes: it was "
+                              "cut off before its code was complete (a truncated answer)")
+    if matches:
+        code = matches[-1].group(2)
         if not code.strip():
             raise ExtractionError("the last ```python block is empty")
         return code
@@ -38,7 +48,7 @@ def extract_code(answer: str, entry_point: str = "kernel") -> str:
     if tree is None and re.search(rf"^(async\s+def|def|class)\s+({pattern})\b", answer, re.M):
         return answer
     raise ExtractionError(f"the answer contains no code: expected a ```python block defining "
-                          f"{entry_point}(...) at the top level of the module")
+                          f"{wanted[0]}(...) at the top level of the module")
 
 
 def _parse(text: str) -> ast.Module | None:

@@ -237,14 +237,32 @@ def _pallas_eqns(jaxpr: Any) -> Any:
 _BF16_BITS = {"exponent_bits": 8, "mantissa_bits": 7}
 
 
+# XLA on a TPU computes a DEFAULT-precision f32 dot or convolution the same way (one bf16 pass),
+# so the same rewrite of a reference gives its outputs as a TPU computes them (with_tpu_dots).
+_MXU_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def with_tpu_dots(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with its DEFAULT-precision f32 dots and convolutions computed as a TPU computes
+    them: the grader's measure of how far TPU rounding alone moves a reference's outputs."""
+
+    def run(*args: Any) -> Any:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        outs = _eval(tpu_dot_numerics(closed.jaxpr), closed.consts, jax.tree_util.tree_leaves(args), None)
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
+
+    return run
+
+
 def tpu_dot_numerics(jaxpr: Any) -> Any:
-    """The kernel jaxpr with every DEFAULT-precision f32 dot's operands rounded to bf16."""
+    """The jaxpr with every DEFAULT-precision f32 dot's (and convolution's) operands rounded
+    to bf16."""
     eqns, changed = [], False
     for eqn in jaxpr.eqns:
         params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
         if any(params[k] is not eqn.params[k] for k in params):
             eqn, changed = eqn.replace(params=params), True
-        if eqn.primitive.name == "dot_general" and _default_precision(eqn.params.get("precision")):
+        if eqn.primitive.name in _MXU_PRIMITIVES and _default_precision(eqn.params.get("precision")):
             operands = []
             for var in eqn.invars[:2]:
                 if isinstance(var, jcore.Var) and str(var.aval.dtype) == "float32":

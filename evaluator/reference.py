@@ -39,9 +39,10 @@ class ReferenceCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jitted: dict[str, Any] = {}
+        self._jitted: dict[tuple[str, bool], Any] = {}
         self._costs: dict[tuple[str, str], Cost] = {}
-        self._recent: OrderedDict[tuple, tuple[tuple[np.ndarray, ...], list[np.ndarray]]] = OrderedDict()
+        self._recent: OrderedDict[tuple, tuple[tuple[np.ndarray, ...], list[np.ndarray],
+                                               list[np.ndarray]]] = OrderedDict()
 
     def inputs(self, task: Task, case: Case, seed: int) -> tuple[np.ndarray, ...]:
         return self._entry(task, case, seed)[0]
@@ -49,7 +50,12 @@ class ReferenceCache:
     def outputs_for(self, task: Task, case: Case, seed: int) -> list[np.ndarray]:
         return self._entry(task, case, seed)[1]
 
-    def _entry(self, task: Task, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray]]:
+    def tpu_outputs_for(self, task: Task, case: Case, seed: int) -> list[np.ndarray]:
+        """The reference's outputs with its dots rounded as a TPU rounds them (compare.py)."""
+        return self._entry(task, case, seed)[2]
+
+    def _entry(self, task: Task, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray],
+                                                                  list[np.ndarray]]:
         key = (task.name, task.version, case.name, seed)
         with self._lock:
             if key in self._recent:
@@ -62,19 +68,21 @@ class ReferenceCache:
             outputs = self.outputs(task, case, inputs)
         for a in inputs:
             a.flags.writeable = False  # shared between gradings: nobody may change them
-        entry = (inputs, outputs)
+        entry = (inputs, outputs, self.outputs(task, case, inputs, tpu_dots=True))
         with self._lock:
             self._recent[key] = entry
             while len(self._recent) > self.RECENT:
                 self._recent.popitem(last=False)
         return entry
 
-    def outputs(self, task: Task, case: Case, inputs: tuple[np.ndarray, ...]) -> list[np.ndarray]:
-        """Reference outputs computed in float32 on float32-upcast inputs, as a flat list."""
+    def outputs(self, task: Task, case: Case, inputs: tuple[np.ndarray, ...],
+                tpu_dots: bool = False) -> list[np.ndarray]:
+        """Reference outputs computed in float32 on float32-upcast inputs, as a flat list; with
+        `tpu_dots`, its DEFAULT-precision dots rounded as a TPU rounds them."""
         if task.external is not None:
-            return task.external.outputs(case, inputs)
+            return task.external.outputs(case, inputs, tpu_dots)
         jax = _jax()
-        fn = self._reference_fn(task)
+        fn = self._reference_fn(task, tpu_dots)
         result = fn(*[_upcast(a) for a in inputs])
         return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(result)]
 
@@ -100,11 +108,14 @@ class ReferenceCache:
             self._costs[key] = value
         return value
 
-    def _reference_fn(self, task: Task) -> Any:
+    def _reference_fn(self, task: Task, tpu_dots: bool) -> Any:
+        from evaluator.program import with_tpu_dots
+
+        key = (task.name, tpu_dots)
         with self._lock:
-            if task.name not in self._jitted:
-                self._jitted[task.name] = _jax().jit(task.reference)
-            return self._jitted[task.name]
+            if key not in self._jitted:
+                self._jitted[key] = _jax().jit(with_tpu_dots(task.reference) if tpu_dots else task.reference)
+            return self._jitted[key]
 
 
 def _is_float(dtype: str) -> bool:

@@ -99,7 +99,7 @@ def case_spec(task: Task, case: Case, traffic: bool = False) -> CaseSpec:
 # --- 1. extract ---------------------------------------------------------------------------
 def extract_stage(ctx: GradingContext) -> Failure | None:
     try:
-        ctx.source = extract_code(ctx.answer, ctx.task.entry_point)
+        ctx.source = extract_code(ctx.answer, ctx.task.entry_points)
     except ExtractionError as exc:
         return Failure("extraction_error", str(exc))
     if ctx.task.adapt_candidate is not None:  # written in a peer suite's format (suites/)
@@ -564,8 +564,10 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
             result.error = shape_problem
             return Failure("wrong_shape", f"wrong output structure on case {case.describe()}: "
                                           f"{shape_problem}.")
-        for i, (out, ref) in enumerate(zip(got, ctx.references.outputs_for(task, case, seed))):
-            cmp = compare(out, ref, task.tolerances[case.dtype])
+        expected_out = ctx.references.outputs_for(task, case, seed)
+        tpu_out = ctx.references.tpu_outputs_for(task, case, seed)
+        for i, (out, ref, tpu_ref) in enumerate(zip(got, expected_out, tpu_out)):
+            cmp = compare(out, ref, task.tolerances[case.dtype], tpu_ref)
             result.bound_ratio = max(result.bound_ratio, cmp.bound_ratio)
             if worst is None or not cmp.ok or cmp.rel_l2_err > worst[0].rel_l2_err:
                 worst = (cmp, seed, i, out, ref)
@@ -626,7 +628,8 @@ def timing_stage(ctx: GradingContext) -> Failure | None:
         if isinstance(reply, Failed):
             return Failure("runtime_error", f"timing case {case.describe()} failed: "
                            f"{reply.error_type}: {reply.error}", reply.error_type, reply.error)
-        failure = _timed_output_failure(ctx, case, outputs, ctx.references.outputs(ctx.task, case, inputs))
+        failure = _timed_output_failure(ctx, case, outputs, ctx.references.outputs(ctx.task, case, inputs),
+                                        ctx.references.outputs(ctx.task, case, inputs, tpu_dots=True))
         if failure is not None:
             return failure
         samples[case.name] = {"kernel_s": reply.kernel_s, "reference_s": reply.reference_s}
@@ -637,15 +640,15 @@ def timing_stage(ctx: GradingContext) -> Failure | None:
 
 
 def _timed_output_failure(ctx: GradingContext, case: Case, outputs: list[np.ndarray],
-                          expected: list[np.ndarray]) -> Failure | None:
+                          expected: list[np.ndarray], tpu_expected: list[np.ndarray]) -> Failure | None:
     if len(outputs) != len(expected):
         return Failure("wrong_shape", f"at the timed case {case.describe()} kernel() returned "
                                       f"{len(outputs)} output(s), expected {len(expected)}.")
-    for i, (out, ref) in enumerate(zip(outputs, expected)):
+    for i, (out, ref, tpu_ref) in enumerate(zip(outputs, expected, tpu_expected)):
         if tuple(out.shape) != tuple(ref.shape):
             return Failure("wrong_shape", f"at the timed case {case.describe()} output {i} has "
                                           f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}.")
-        cmp = compare(out, ref, ctx.task.tolerances[case.dtype])
+        cmp = compare(out, ref, ctx.task.tolerances[case.dtype], tpu_ref)
         if not cmp.ok:
             return Failure("wrong_output", f"wrong values at the timed case {case.describe()}: "
                            f"{cmp.reason}; the kernel must be correct at every size it runs at, "

@@ -103,9 +103,10 @@ class SuiteReference:
         n = value["n_args"]
         return tuple(arrays[:n]), arrays[n:]
 
-    def outputs(self, case: Case, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def outputs(self, case: Case, inputs: Sequence[np.ndarray], tpu_dots: bool = False) -> list[np.ndarray]:
         n_inputs = self.described[case.name].n_inputs
-        _, out = self.runner.call(self.sources[case.name], "reference", [self.kind, n_inputs], inputs)
+        _, out = self.runner.call(self.sources[case.name], "reference", [self.kind, n_inputs, tpu_dots],
+                                  inputs)
         return out
 
     def cost(self, case: Case) -> Cost:

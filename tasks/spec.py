@@ -136,8 +136,8 @@ class ExternalReference(Protocol):
     def sample(self, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray]]:
         """One seed's inputs and the reference's outputs on them (float32)."""
 
-    def outputs(self, case: Case, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """The reference's outputs on given inputs."""
+    def outputs(self, case: Case, inputs: Sequence[np.ndarray], tpu_dots: bool = False) -> list[np.ndarray]:
+        """The reference's outputs on given inputs (`tpu_dots`: its dots rounded as a TPU's)."""
 
     def cost(self, case: Case) -> Any:
         """What the reference computes at a case (evaluator.jaxpr_cost.Cost)."""
@@ -190,6 +190,9 @@ class Task:
     external: ExternalReference | None = None
     adapt_candidate: Callable[[str], AdaptedCandidate] | None = None
     entry_point: str = "kernel"
+    # Other names a whole module may define instead: KernelBench-JAX answers rewrite the
+    # problem's own `Model` class rather than add a `ModelNew`.
+    entry_aliases: tuple[str, ...] = ()
     reference_text: str | None = None
     tpu: str | None = None
 
@@ -206,6 +209,11 @@ class Task:
         for case in self.cases:
             if case.dtype not in self.tolerances:
                 raise ValueError(f"task {self.name!r}: no tolerance for dtype {case.dtype!r}")
+
+    @property
+    def entry_points(self) -> tuple[str, ...]:
+        """What a candidate module may define for this task, the preferred name first."""
+        return (self.entry_point, *self.entry_aliases)
 
     def select(self, split: str = "all", size: str | None = None) -> list[Case]:
         """Cases of a split ('train', 'heldout' or 'all'), optionally of one size."""
