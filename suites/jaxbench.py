@@ -22,6 +22,10 @@ from tasks.spec import (AdaptedCandidate, ArgSpec, Case, CandidateFormatError, T
 
 WORKLOADS = "benchmark"
 PROBLEMS = "jaxkernelbench"
+# The baselines their pallas_eval harness graded its generated priority kernels against
+# (`pallas_eval/evaluate.py`: `priority_kernels/<name>/baseline.py` for `<name>.py`): the
+# `benchmark/` workloads at smaller sizes, megablox_gmm and ragged_paged_attention reworked.
+PRIORITY = "priority_kernels"
 # JAXBench measured on v6e and tuned its blocks for v6e's VMEM.
 TUNED_FOR = "v6e"
 # Their workloads mix matmuls, softmax and norms in one function: the tolerance of our matmul and
@@ -62,6 +66,8 @@ def discover(root: Path) -> list[Entry]:
             level = 3 if folder.name.split("_")[0].endswith("p") else 2
             entries.append(Entry(f"jaxbench/{folder.name}", "workload", baseline, level,
                                  optimized if optimized.is_file() else None))
+    for baseline in sorted((root / PRIORITY).glob("*/baseline.py")):
+        entries.append(Entry(f"jaxbench-priority/{baseline.parent.name}", "workload", baseline, 3))
     for level in (1, 2):
         for path in sorted((root / PROBLEMS / f"level{level}").glob("*.py")):
             if path.name != "__init__.py":
@@ -290,6 +296,7 @@ def _task(entry: Entry, stripped: str, cases: list[Case], reference: SuiteRefere
         external=reference,
         adapt_candidate=partial(adapt_candidate, entry.kind, _case_table(cases, described)),
         entry_point=entry_point,
+        entry_aliases=("Model",) if entry.kind == "model" else (),
         reference_text=stripped,
         tpu=TUNED_FOR,
     )
@@ -318,35 +325,54 @@ def _tuples(value: Any) -> Any:
 
 def adapt_candidate(kind: str, table: dict[tuple, dict[str, Any]], source: str) -> AdaptedCandidate:
     """A candidate in the suite's format, made gradable: their harness dropped (and said so),
-    and, unless it defines kernel() itself, a kernel() that calls its entry point."""
+    and, unless it defines kernel() itself, a kernel() that calls its entry point. A KernelBench
+    answer may rewrite the problem file whole, its `Model` doing the work (JAXBench's generated
+    files do): without a `ModelNew`, that `Model` is the candidate's class."""
     stripped = strip_harness(source)
     notes = [f"dropped {what}" for what in stripped.removed]
     names = top_level_names(stripped.source)
     if "kernel" in names:
         return AdaptedCandidate(stripped.source, "", notes)
-    entry = "workload" if kind == "workload" else "ModelNew"
-    if entry not in names:
-        raise CandidateFormatError(f"the module defines neither `{entry}` (this task's entry point) "
-                                   "nor `kernel`")
-    notes.append(f"added kernel(), which calls {entry}")
-    return AdaptedCandidate(stripped.source, _shim(kind, table, "CONFIG" in names), notes)
+    accepted = ("workload",) if kind == "workload" else ("ModelNew", "Model")
+    entry = next((name for name in accepted if name in names), None)
+    if entry is None:
+        raise CandidateFormatError(f"the module defines neither `{accepted[0]}` (this task's entry "
+                                   "point) nor `kernel`")
+    notes.append(f"added kernel(), which calls {entry}" if kind == "workload" else
+                 f"added kernel(), which builds your {entry} and sets the reference's weights on it "
+                 "(in your layout where it differs only by axes of size 1)")
+    return AdaptedCandidate(stripped.source, _shim(kind, table, "CONFIG" in names, entry), notes)
 
 
-def _shim(kind: str, table: dict[tuple, dict[str, Any]], has_config: bool) -> str:
+def _shim(kind: str, table: dict[tuple, dict[str, Any]], has_config: bool, entry: str) -> str:
     """kernel() for a candidate in the suite's format. A workload may read CONFIG for its
-    sizes (JAXBench's do), so CONFIG gets the traced case's sizes first."""
+    sizes (JAXBench's do), so CONFIG gets the traced case's sizes first. A model's weights are
+    set in the layout its own __init__ chose when that differs from the reference's only by
+    axes of size 1 (a (1, N) bias for an (N,) one): the same values, a layout a kernel's
+    BlockSpec wants; any other difference is an error that names the weight."""
     header = "\n\n# Added by the grader: kernel() is its entry point; it calls yours.\n"
     key = "tuple(tuple(a.shape) for a in args)"
     if kind == "workload":
         if not has_config:
-            return f"{header}def kernel(*args):\n    return workload(*args)\n"
+            return f"{header}def kernel(*args):\n    return {entry}(*args)\n"
         sizes_by_shapes = {k: v["sizes"] for k, v in table.items()}
         return (f"{header}_SIZES = {sizes_by_shapes!r}\n\n\ndef kernel(*args):\n"
-                f"    CONFIG.update(_SIZES.get({key}, {{}}))\n    return workload(*args)\n")
+                f"    CONFIG.update(_SIZES.get({key}, {{}}))\n    return {entry}(*args)\n")
     cases = {k: (v["init"], v["n_inputs"], v["weights"]) for k, v in table.items()}
-    return (f"{header}_CASES = {cases!r}\n\n\ndef kernel(*args):\n"
+    return (f"{header}_CASES = {cases!r}\n\n\n"
+            "def _in_your_layout(model, name, value):\n"
+            "    shape = getattr(getattr(model, name, None), 'shape', None)\n"
+            "    if shape is None or tuple(shape) == tuple(value.shape):\n"
+            "        return value\n"
+            "    shape = tuple(shape)\n"
+            "    if [d for d in shape if d != 1] == [d for d in value.shape if d != 1]:\n"
+            "        return value.reshape(shape)\n"
+            "    raise ValueError(f'weight {name!r}: the reference has shape {tuple(value.shape)}, '\n"
+            "                     f'your {type(model).__name__}.__init__ makes it {shape}; the grader sets '\n"
+            "                     'the reference\\'s values, so the layouts must agree (up to axes of size 1)')\n\n\n"
+            "def kernel(*args):\n"
             f"    init, n_inputs, weights = _CASES[{key}]\n"
-            "    model = ModelNew(*init)\n"
+            f"    model = {entry}(*init)\n"
             "    for name, value in zip(weights, args[n_inputs:]):\n"
-            "        setattr(model, name, value)\n"
+            "        setattr(model, name, _in_your_layout(model, name, value))\n"
             "    return model.forward(*args[:n_inputs])\n")
