@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.add_argument("--markdown", action="store_true", help="print the suite table as Markdown")
     add_suite_option(t)
+    t.add_argument("--load", action="store_true",
+                   help="with --suite: build every entry not in the load cache (their code runs in the "
+                        "sandbox: minutes for a whole checkout) and cache what it shows; without it, "
+                        "entries are listed at once, their loads from the cache")
     t.set_defaults(func=cmd_tasks)
 
     r = sub.add_parser("run", help="grade one candidate")
@@ -75,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--tpu", choices=tuple(GENERATIONS), default=None,
                    help="TPU generation (default: the one the suite was tuned for, v6e for JAXBench)")
     k.add_argument("--seed", type=int, default=0, help="base seed of the gradings (default %(default)s)")
+    k.add_argument("--attempts", nargs="*", metavar="MODEL", default=None,
+                   help="grade the model-written kernels under pallas_eval/generated/MODEL (default: every "
+                        "model) and compare with JAXBench's own verdicts, instead of the three gradings")
+    k.add_argument("--journal", type=Path, default=Path("runs/check-suite/attempts.jsonl"),
+                   help="--attempts: JSONL of finished gradings; a rerun grades only what is not in it "
+                        "(default %(default)s)")
     k.set_defaults(func=cmd_check_suite)
 
     e = sub.add_parser("estimate", help="static performance estimate at bench sizes (nothing runs)")
@@ -223,8 +233,60 @@ def _resolve_tasks(names: list[str] | None, suite=None):
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    if args.suite is None:
+        if args.load:
+            raise UsageError("--load needs --suite KIND:PATH")
+        return _list_tasks(args, _resolve_tasks(None))
     with open_suite_option(args.suite) as imported:
-        return _list_tasks(args, _resolve_tasks(None, imported))
+        if args.load:
+            _load_all(imported)
+        return _list_suite(args, imported)
+
+
+def _load_all(suite) -> None:
+    """Build every entry the load cache lacks (this fills it), one line per entry on stderr."""
+    from suites import LoadError
+    from suites.listing import lookup
+
+    names = suite.names()
+    start = time.perf_counter()
+    for i, name in enumerate(names, 1):
+        step = f"[{i:{len(str(len(names)))}}/{len(names)}]"
+        t0 = time.perf_counter()
+        record = lookup(suite.entry(name))
+        how = "cached"
+        if record is None:
+            with contextlib.suppress(LoadError):
+                suite.task(name)
+            how = f"{time.perf_counter() - t0:.1f} s"
+        record = suite.records.setdefault(name, record)
+        why = f": {' '.join(record.why_not.split())[:200]}" if not record.loaded else ""
+        print(f"{step} {'loaded' if record.loaded else 'not loaded'}: {name}{why} ({how})", file=sys.stderr)
+    print(f"{len(names)} entries in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+def _list_suite(args: argparse.Namespace, suite) -> int:
+    """Every entry of the checkout, read without running it; loads from the cache (suites/listing.py)."""
+    from suites.listing import fill_hint, list_entries, markdown
+
+    rows = list_entries(suite.root, list(suite.entries.values()), known=suite.records)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+    elif args.markdown:
+        print(markdown(rows))
+    else:
+        table = Table(title=f"{len(rows)} entries in {suite.root}")
+        for col in ("task", "kind", "level", "file", "optimized.py", "status", "signature", "cases (train/heldout)"):
+            table.add_column(col, overflow="fold", no_wrap=col == "task")
+        for r in rows:
+            table.add_row(r.name, r.kind, str(r.level), r.file, "yes" if r.optimized else "-",
+                          escape(r.status_text()), escape(r.record.signature if r.record and r.record.signature else "-"),
+                          r.cases_text())
+        console.print(table)
+    hint = fill_hint(args.suite, rows)
+    if hint:
+        print(hint, file=sys.stderr)
+    return 0
 
 
 def _list_tasks(args: argparse.Namespace, suite: list) -> int:
@@ -318,6 +380,8 @@ def cmd_check_suite(args: argparse.Namespace) -> int:
     from suites.jaxbench import TUNED_FOR
     from suites.report import SuiteRow, check_suite, grader_lied, markdown, summary
 
+    if args.attempts is not None:
+        return _check_attempts(args)
     with open_suite_option(args.suite) as imported:
         unknown = [n for n in args.task or [] if n not in imported.entries]
         if unknown:
@@ -356,6 +420,50 @@ def cmd_check_suite(args: argparse.Namespace) -> int:
     if lied:
         print(f"the grader accepted a baseline or the zeros kernel: {', '.join(lied)}", file=sys.stderr)
     return 1 if lied else 0
+
+
+def _check_attempts(args: argparse.Namespace) -> int:
+    """check-suite --attempts: the checkout's model-written kernels, our verdicts beside theirs."""
+    from rich.progress import Progress
+
+    from evaluator.digest import evaluator_digest
+    from evaluator.grader import Evaluator
+    from suites import attempts as att
+    from suites import attempts_report as rep
+    from suites.jaxbench import TUNED_FOR
+
+    with open_suite_option(args.suite) as imported:
+        available = att.models(imported.root)
+        unknown = [m for m in args.attempts if m not in available]
+        if unknown or not available:
+            raise UsageError(f"no generated kernels of {', '.join(unknown) or 'any model'} under "
+                             f"{imported.root / att.GENERATED} (models: {', '.join(available) or 'none'})")
+        attempts = att.discover(imported.root, args.attempts or available)
+        if args.task:
+            missing = sorted(set(args.task) - {a.task for a in attempts})
+            if missing:
+                raise UsageError(f"no generated kernel answers {', '.join(missing)}")
+            attempts = [a for a in attempts if a.task in args.task]
+        generation = args.tpu or TUNED_FOR
+        with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=generation) as ev:
+            # The grader's own digest: a journal from an older grader is graded again.
+            settings = {"split": "train", "seed": args.seed, "n_seeds": ev.n_seeds, "generation": generation,
+                        "evaluator": evaluator_digest()}
+            journal = att.Journal(args.journal, settings)
+            with Progress(console=Console(stderr=True), transient=False) as bar:
+                todo = bar.add_task(f"{len(attempts)} attempts", total=len(attempts))
+                ours = att.grade(imported, ev, attempts, journal, args.seed, args.workers,
+                                 on_done=lambda a, o, now: bar.advance(todo))
+    rows = rep.rows(attempts, ours)
+    graded = sum(1 for a in attempts if journal.get(a.key, a.sha256()) is not None)
+    if args.json:
+        print(json.dumps(rep.to_json(rows, generation), indent=2))
+    else:  # the Markdown reads as plain text too
+        print(rep.markdown(rows))
+    for model, counts in rep.summary(rows).items():
+        print(f"{model}: " + ", ".join(f"{rep.LABELS[k]} {v}" for k, v in counts.items()), file=sys.stderr)
+    print(f"journal: {args.journal} ({graded} of {len(attempts)} attempts in it)", file=sys.stderr)
+    return 0
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:

@@ -97,7 +97,7 @@ def trace(state: WorkerState, request: Trace, arrays: list) -> tuple[Any, list]:
             return _failed(exc, state, case=case.name), []
         state.programs[case.name] = program
         summary = summarize(program.closed, traffic=case.traffic,  # our code: bugs raise
-                            arg_bounds=case.arg_bounds)
+                            arg_bounds=case.arg_bounds, first_parameter=case.first_parameter)
         traced.append(TracedCase(case.name, summary, kernel_origins(program.pallas_calls()),
                                  program.replay_limits()))
     return Traced(traced), []

@@ -20,6 +20,7 @@ from evaluator.intermediates import analyze as analyze_intermediates
 from evaluator.jaxpr_cost import Cost, walk
 from evaluator.jaxpr_walk import sub_jaxprs
 from evaluator.kernel_dataflow import RefUse, ref_uses
+from evaluator.parameter_work import without_parameter_work
 from evaluator.precision import low_precision_dots
 
 
@@ -102,6 +103,7 @@ class TraceSummary:
     # first (evaluator/intermediates.py): the structure stage weighs them against the case.
     intermediates: list[Intermediate] = field(default_factory=list)
     outside_math: list[OutsideMath] = field(default_factory=list)
+    parameter_eqns: int = 0  # equations on parameters alone, left out of `outside`
 
     @property
     def kernel_flops(self) -> float:
@@ -111,17 +113,22 @@ class TraceSummary:
 
 
 def summarize(closed_jaxpr: Any, traffic: bool = False,
-              arg_bounds: Sequence[Sequence[int] | None] | None = None) -> TraceSummary:
+              arg_bounds: Sequence[Sequence[int] | None] | None = None,
+              first_parameter: int | None = None) -> TraceSummary:
     """Summarise a ClosedJaxpr from `jax.make_jaxpr`; `traffic` adds what each kernel moves
     and computes (evaluator/traffic.py), for the performance model at bench sizes.
 
     `arg_bounds`, aligned with the jaxpr's invars (kernel()'s arguments), gives inclusive
     (lo, hi) bounds of integer inputs or None (`Task.arg_bounds(case)`). They reach each
     kernel's scalar-prefetch operands, so that loops whose trip count depends on that data
-    count at their maximum (evaluator/intervals.py); without them such loops count once."""
+    count at their maximum (evaluator/intervals.py); without them such loops count once.
+
+    `first_parameter`: kernel()'s arguments from this index on are the task's parameters;
+    work on them alone (weight folding) is left out of `outside` (evaluator/parameter_work.py)."""
     bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
     calls: list[tuple[Any, float]] = []
-    cost = walk(closed_jaxpr.jaxpr, bounds.loop_trips, count_heavy=False,
+    outside_jaxpr, folded = without_parameter_work(closed_jaxpr.jaxpr, first_parameter)
+    cost = walk(outside_jaxpr, bounds.loop_trips, count_heavy=False,
                 on_pallas_call=lambda eqn, runs: calls.append((eqn, runs)))
     outs = [(list(v.aval.shape), str(v.aval.dtype)) for v in closed_jaxpr.jaxpr.outvars]
     infos = [_pallas_info(e, traffic, runs, bounds.pallas_operands.get(id(e))) for e, runs in calls]
@@ -131,7 +138,7 @@ def summarize(closed_jaxpr: Any, traffic: bool = False,
     for (eqn, _), info in zip(calls, infos):
         info.grid_findings, info.grid_unchecked = check_grid(eqn, arguments)
     flow = analyze_intermediates(closed_jaxpr.jaxpr, bounds.loop_trips, _kernel_name)
-    return TraceSummary(infos, cost, outs, flow.intermediates, flow.outside_math)
+    return TraceSummary(infos, cost, outs, flow.intermediates, flow.outside_math, folded)
 
 
 def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,

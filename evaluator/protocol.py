@@ -28,6 +28,9 @@ class CaseSpec:
     args: list[tuple[list[int], str]]
     arg_bounds: list[tuple[int, int] | None] | None = None
     traffic: bool = False  # bench sizes: also the traffic analysis the performance model needs
+    # Index of kernel()'s first parameter (weights) argument, None when the task declares none:
+    # work on parameters alone is weight preprocessing, not outside work (parameter_work.py).
+    first_parameter: int | None = None
 
 
 # --- requests -------------------------------------------------------------------------------

@@ -92,8 +92,9 @@ class GradingContext:
 def case_spec(task: Task, case: Case, traffic: bool = False) -> CaseSpec:
     """What a worker needs to trace, lower or compile a case: its name, argument specs and the
     bounds of its integer inputs (so data-dependent loops count at their maximum)."""
+    first_parameter = task.first_parameter(case) if task.first_parameter is not None else None
     return CaseSpec(case.name, [(list(a.shape), a.dtype) for a in task.arg_specs(case)],
-                    task.arg_bounds(case), traffic)
+                    task.arg_bounds(case), traffic, first_parameter)
 
 
 # --- 1. extract ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import tasks
 from suites.jaxbench import Entry, Loaded, LoadError, discover, load
+from suites.listing import LoadRecord, record_failed, record_loaded, store
 from suites.oracle import ReferenceFailed, ReferenceRunner
 from tasks.spec import Task
 
@@ -32,6 +33,7 @@ class Suite:
         self.runner = ReferenceRunner()
         self.loaded: dict[str, Loaded] = {}
         self.failed: dict[str, str] = {}
+        self.records: dict[str, LoadRecord] = {}  # what each build found, also in the load cache
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -51,9 +53,16 @@ class Suite:
                 loaded = load(entry, self.runner)
             except (LoadError, ReferenceFailed, SyntaxError, OSError) as exc:
                 self.failed[name] = str(exc)
+                self._record(entry, record_failed(entry, str(exc)))
                 raise LoadError(str(exc)) from None
             self.loaded[name] = loaded
+            self._record(entry, record_loaded(entry, loaded))
             return loaded.task
+
+    def _record(self, entry: Entry, record: LoadRecord) -> None:
+        """Keep what the build found, here and in the load cache that `tasks --suite` lists from."""
+        self.records[entry.name] = record
+        store(entry, record)
 
     def entry(self, name: str) -> Entry:
         return self.entries[name]

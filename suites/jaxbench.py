@@ -297,6 +297,7 @@ def _task(entry: Entry, stripped: str, cases: list[Case], reference: SuiteRefere
         adapt_candidate=partial(adapt_candidate, entry.kind, _case_table(cases, described)),
         entry_point=entry_point,
         entry_aliases=("Model",) if entry.kind == "model" else (),
+        first_parameter=(lambda case: described[case.name].n_inputs) if entry.kind == "model" else None,
         reference_text=stripped,
         tpu=TUNED_FOR,
     )

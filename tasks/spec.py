@@ -184,6 +184,10 @@ class Task:
     # reference computes what a kernel may skip (the masked half of causal attention). The
     # grader's "faster than any kernel doing the work" rule reads it (evaluator/perf_model.py).
     necessary_flops_share: float = 1.0
+    # Index of kernel()'s first parameter argument (a model's weights, after its inputs), None
+    # when the task declares none: work on parameters alone is weight folding, which the
+    # outside-work rules leave out (evaluator/parameter_work.py).
+    first_parameter: Callable[[Case], int] | None = None
     # Imported tasks (suites/): the reference runs elsewhere, candidates are written in the
     # suite's own format (`entry_point`), prompts show the suite's file, and the TPU generation
     # its sizes were tuned for is the grading default.

@@ -53,3 +53,19 @@ def quick_timeout_evaluator():
 
     with Evaluator(backend="tpu-interpret", workers=1, limits=Limits(step_timeout_s=8)) as ev:
         yield ev
+
+
+SUITE_CACHE_ENV = "PALLAS_KERNEL_GYM_SUITE_CACHE"  # suites.listing.CACHE_ENV (not imported here: jax)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_load_cache(tmp_path_factory):
+    """Building an imported task records it in a load cache (suites/listing.py): the tests write
+    to their own folder (subprocesses inherit it), never to the user's ~/.cache."""
+    before = os.environ.get(SUITE_CACHE_ENV)
+    os.environ[SUITE_CACHE_ENV] = str(tmp_path_factory.mktemp("suite-loads"))
+    yield
+    if before is None:
+        os.environ.pop(SUITE_CACHE_ENV, None)
+    else:
+        os.environ[SUITE_CACHE_ENV] = before
