@@ -112,8 +112,8 @@ def axis_gaps(checks: Iterable[TraceSummary], bench_cases: Iterable[tuple[str, T
 
 
 def base_case(task: Task, split: str, bench: Case) -> Case:
-    """The check case a derived case starts from: the split's check case of the bench case's
-    dtype and params if there is one (the largest of them), else of its dtype, else the first."""
+    """The check case a derived case starts from: the largest of the split's check cases with
+    the bench case's dtype and params, else with its dtype, else of any kind."""
     checks = task.select(split, "check")
     for keep in (lambda c: c.dtype == bench.dtype and c.params == bench.params,
                  lambda c: c.dtype == bench.dtype, lambda c: True):

@@ -220,10 +220,5 @@ def _large_input_bytes(input_bytes: list[float]) -> float:
     return float(sum(b for b in input_bytes if b >= LARGE_OPERAND_SHARE * everything))
 
 
-def missing_features(required: tuple[str, ...], calls: list[PallasCallInfo], bench: bool = False) -> list[str]:
-    """The required features no kernel uses."""
-    return [name for name in required if not any(e.used for e in feature_evidence(name, calls, bench))]
-
-
 def how_to_use(name: str) -> str:
     return DETECTORS[name][1]

@@ -145,8 +145,9 @@ def load_stage(ctx: GradingContext) -> Failure | None:
 # --- 4. structure: kernels present, heavy work inside them ----------------------------------
 def structure_stage(ctx: GradingContext) -> Failure | None:
     cases = ctx.traced_cases
-    # Every size gets the traffic analysis: the performance model needs it at bench sizes, and
-    # the work rule compares the kernels' FLOPs at bench sizes with theirs at check sizes.
+    # Every size gets the traffic analysis (the kernels' FLOPs per grid step): the performance
+    # model needs it at bench sizes, and the work rules weigh the kernels' FLOPs against the
+    # task's at check sizes (check_work_share) and at bench sizes (_missing_work).
     specs = [case_spec(ctx.task, c, traffic=True) for c in cases]
     reply, _ = ctx.worker.call(Trace(specs), what="tracing kernel()")
     if isinstance(reply, Failed):
@@ -204,9 +205,10 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
 
 def _bench_program_failure(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     """At bench sizes (traced, lowered and timed, never compared on a CPU) the program must be
-    the one the check sizes ran (evaluator/one_program.py) and do no less of the task's work,
-    relative to the reference, than it does there. A shortcut taken only where nobody compares
-    is refused whatever its FLOPs; an exact rewrite that does less work at every size is not."""
+    the one the check sizes ran (evaluator/one_program.py), its kernels must do some arithmetic,
+    and, where they do at least INSIDE_FLOPS_SHARE of the task's FLOPs at the check sizes, that
+    much here too (_missing_work). A shortcut taken only where nobody compares is refused
+    whatever its FLOPs; an exact rewrite that does less work at every size is not."""
     checks = [c for c in cases if c.size == "check"]
     shares = [_work_share(ctx, c) for c in checks]
     check_share = ctx.check_work_share = min((s for s in shares if s is not None), default=1.0)

@@ -4,7 +4,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from evaluator.features import missing_features
+from evaluator.features import check_feature
 from evaluator.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
 from evaluator.jaxpr_analysis import summarize
 from evaluator.jaxpr_cost import total_flops
@@ -46,18 +46,24 @@ def test_outside_work_is_found():
     assert summary.outside.callbacks == ["pure_callback"]
 
 
+def missing_features(required, calls, task):
+    """The required features the kernels doing the case's work do not use (the features stage's rule)."""
+    inputs = get_task(task).arg_specs(get_task(task).select("train", "check")[0])
+    return [name for name in required if check_feature(name, calls, False, inputs)[1] is not None]
+
+
 def test_feature_detectors_on_real_kernels():
     gmm = _trace(get_task("grouped_matmul").solution_source(), *_specs("grouped_matmul"))
     # one "arbitrary" column axis: its work list streams rows by manual DMA
     assert missing_features(("scalar_prefetch", "vmem_scratch", "manual_dma", "parallel_grid"),
-                            gmm.pallas_calls) == ["parallel_grid"]
+                            gmm.pallas_calls, "grouped_matmul") == ["parallel_grid"]
     mm = _trace(get_task("matmul").solution_source(), *_specs("matmul"))
-    assert missing_features(("parallel_grid", "vmem_scratch"), mm.pallas_calls) == []
+    assert missing_features(("parallel_grid", "vmem_scratch"), mm.pallas_calls, "matmul") == []
     dma = _trace((HONEST / "matmul_manual_dma.py").read_text(), *_specs("matmul"))
-    assert missing_features(("manual_dma",), dma.pallas_calls) == []
-    assert missing_features(("scalar_prefetch",), dma.pallas_calls) == ["scalar_prefetch"]
+    assert missing_features(("manual_dma",), dma.pallas_calls, "matmul") == []
+    assert missing_features(("scalar_prefetch",), dma.pallas_calls, "matmul") == ["scalar_prefetch"]
     plain = _trace(read_candidate("work_outside_zeros"), *_specs("matmul"))
-    assert missing_features(("manual_dma", "vmem_scratch", "parallel_grid"), plain.pallas_calls) == [
+    assert missing_features(("manual_dma", "vmem_scratch", "parallel_grid"), plain.pallas_calls, "matmul") == [
         "manual_dma", "vmem_scratch", "parallel_grid"]
 
 
