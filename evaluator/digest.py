@@ -11,6 +11,7 @@ import functools
 import hashlib
 from pathlib import Path
 
+from evaluator.policy import parse_module
 from tasks.spec import Task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ def task_files(task: Task) -> list[Path]:
         if path in seen or not path.is_file():
             continue
         seen[path] = None
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_module(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tasks":
                 todo.append(_module_path(node.module))
             elif isinstance(node, ast.Import):

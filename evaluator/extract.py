@@ -5,6 +5,8 @@ import ast
 import re
 from collections.abc import Sequence
 
+from evaluator.policy import parse_module
+
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
 _PYTHON_TAGS = {"", "python", "py", "python3"}
 # A fence line that opens a python block (or an untagged one).
@@ -53,7 +55,7 @@ def extract_code(answer: str, entry_points: str | Sequence[str] = "kernel") -> s
 
 def _parse(text: str) -> ast.Module | None:
     try:
-        return ast.parse(text)
+        return parse_module(text)
     except (SyntaxError, ValueError, RecursionError):  # ValueError: a null byte in the text
         return None
 

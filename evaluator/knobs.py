@@ -20,6 +20,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from evaluator.policy import parse_module
+
 _BLOCK_NAME = re.compile(r"^_*(block|blk|tile|chunk|b[mnkdhqv]|t[mnk])(_|\d|$)"
                          r"|_(block|blk|tile|chunk)s?(_|$)", re.IGNORECASE)
 _MARK = re.compile(r"#\s*tune\b(?:\s*:\s*(?P<values>[\d,\s]+))?")
@@ -37,7 +39,7 @@ class Knob:
 
 def find_knobs(source: str) -> list[Knob]:
     """Every knob in the source, constants first, in source order."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     lines = source.splitlines()
     knobs = [k for k in (_constant_knob(node, lines) for node in tree.body) if k is not None]
     taken = {k.name for k in knobs}

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from evaluator.policy import parse_module
 from suites import sizes
 from suites.oracle import Described, ReferenceFailed, ReferenceRunner, SuiteReference, describe
 from suites.source import (SizeEdit, config_sizes, default_dtype, function_reads,
@@ -264,7 +265,7 @@ def _runs_in_the_sandbox(*args: Any) -> Any:
 def _task(entry: Entry, stripped: str, cases: list[Case], reference: SuiteReference) -> Task:
     described = reference.described
     check = described[cases[0].name]
-    docstring = (ast.get_docstring(ast.parse(stripped)) or "").strip().splitlines()
+    docstring = (ast.get_docstring(parse_module(stripped)) or "").strip().splitlines()
     about = docstring[0].strip() if docstring else entry.path.stem
     if entry.kind == "workload":
         entry_point = "workload"

@@ -83,3 +83,20 @@ def test_no_import_cycle_among_modules_or_packages():
         packages.setdefault(m.split(".")[0], set()).update(
             t.split(".")[0] for t in targets if t.split(".")[0] != m.split(".")[0])
     assert _cycle(packages) is None, " -> ".join(_cycle(packages))
+
+
+def test_every_parse_goes_through_the_one_thread_safe_parser():
+    """Python 3.11's ast.parse keeps its recursion depth in shared state: two threads parsing at
+    once can fail with "SystemError: AST constructor recursion depth mismatch" (python/cpython
+    #106905; it ended a 3-seed run of benchmarks/seed_stability.py at 99%). The grader, data_gen
+    and the suites parse on threads, so every parse goes through evaluator.policy.parse_module,
+    which holds a lock."""
+    callers = []
+    for package in (*PACKAGES, "suites", "benchmarks"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "parse" and isinstance(node.func.value, ast.Name)
+                        and node.func.value.id == "ast"):
+                    callers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert [c.split(":")[0] for c in callers] == ["evaluator/policy.py"], callers
