@@ -66,16 +66,13 @@ def entry_key(entry: Entry) -> str:
 
 
 @dataclass
-class LoadRecord:
-    """What building one entry found: the fields of suites.report.SuiteRow less its gradings,
-    the task's summary (as `tasks --json` prints it) and its cases' sizes."""
+class EntryFacts:
+    """What building one entry found, as the load cache keeps it and a check-suite row
+    (suites.report.SuiteRow) shows it before its gradings."""
 
     name: str
     loaded: bool
     why_not: str = ""
-    signature: str = ""
-    summary: dict[str, Any] = field(default_factory=dict)  # Task.summary()
-    cases: dict[str, dict[str, int]] = field(default_factory=dict)  # case name -> dims
     check_sizes: dict[str, int] = field(default_factory=dict)
     bench_sizes: dict[str, int] = field(default_factory=dict)
     heldout: str = ""
@@ -85,9 +82,19 @@ class LoadRecord:
     repaired: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+
+@dataclass
+class LoadRecord(EntryFacts):
+    """An entry's facts plus what a listing shows of its task: the summary (as `tasks --json`
+    prints it), the signature and its cases' sizes."""
+
+    signature: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)  # Task.summary()
+    cases: dict[str, dict[str, int]] = field(default_factory=dict)  # case name -> dims
+
     def row_fields(self) -> dict[str, Any]:
         """Keyword arguments of a SuiteRow (suites/report.py) without gradings."""
-        return {k: v for k, v in asdict(self).items() if k not in ("signature", "summary", "cases")}
+        return {f.name: getattr(self, f.name) for f in fields(EntryFacts)}
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> "LoadRecord":

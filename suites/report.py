@@ -7,27 +7,19 @@ fail; their optimized.py, where there is one, is graded as any candidate would b
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from evaluator.grader import Evaluator, Job
 from suites import LoadError, Suite
+from suites.listing import EntryFacts
 from tasks.spec import Task
 
 
 @dataclass
-class SuiteRow:
-    name: str
-    loaded: bool
-    why_not: str = ""
-    check_sizes: dict[str, int] = field(default_factory=dict)
-    bench_sizes: dict[str, int] = field(default_factory=dict)
-    heldout: str = ""
-    cap: int | None = None
-    counts_divided_by: int = 1
-    hard_coded: bool = False
-    repaired: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+class SuiteRow(EntryFacts):
+    """An entry's facts (suites/listing.py) and the grader's verdicts on three files."""
+
     baseline: str = ""
     zeros: str = ""
     optimized: str = ""  # "" when the workload has no optimized.py

@@ -12,13 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import TESTS
 from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.program import with_tpu_dots
-from suites import open_suite
+from test_peer_suites import suite, v6e  # noqa: F401  (the fixture checkout and a v6e grader)
 
-FIXTURE = TESTS / "peer_suites" / "jaxbench"
 TASK = "kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU"
 
 # The problem file rewritten whole, as JAXBench's generated files are: the weights' layout its
@@ -76,20 +74,6 @@ def get_inputs():
 def get_init_inputs():
     return [in_features, out_features, multiplier, negative_slope]
 '''
-
-
-@pytest.fixture(scope="module")
-def suite():
-    with open_suite(f"jaxbench:{FIXTURE}") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def v6e():
-    from evaluator.grader import Evaluator
-
-    with Evaluator(backend="tpu-interpret", workers=1, generation="v6e") as ev:
-        yield ev
 
 
 # --- extraction: whole modules, fenced or not; truncated answers ---------------------------------
