@@ -13,6 +13,10 @@ _PYTHON_TAGS = {"", "python", "py", "python3"}
 _OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*(python3?|py)?[ \t]*$", re.M | re.I)
 
 
+# Statements that make a text code rather than prose that happens to parse.
+_CODE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+
+
 class ExtractionError(ValueError):
     pass
 
@@ -49,6 +53,9 @@ def extract_code(answer: str, entry_points: str | Sequence[str] = "kernel") -> s
     pattern = "|".join(re.escape(n) for n in sorted(names))
     if tree is None and re.search(rf"^(async\s+def|def|class)\s+({pattern})\b", answer, re.M):
         return answer
+    if tree is not None and any(isinstance(stmt, _CODE) for stmt in tree.body):
+        raise ExtractionError(f"the code defines no {' or '.join(wanted)} (nor kernel) at the top level of "
+                              "the module: the answer is incomplete, or its entry point has another name")
     raise ExtractionError(f"the answer contains no code: expected a ```python block defining "
                           f"{wanted[0]}(...) at the top level of the module")
 

@@ -84,8 +84,10 @@ def test_a_whole_module_defining_model_is_the_candidate_fenced_or_not():
     assert extract_code(fenced, entry_points) == GENERATED
     # A nested `def kernel` (inside forward) is not an entry point: without Model nothing is.
     nested_only = "def outer():\n    def kernel(x):\n        return x\n    return kernel\n"
-    with pytest.raises(ExtractionError, match="ModelNew"):
+    with pytest.raises(ExtractionError, match="defines no ModelNew or Model"):
         extract_code(nested_only, entry_points)
+    with pytest.raises(ExtractionError, match="contains no code"):
+        extract_code("I would tile the matmul by 128.", entry_points)
 
 
 def test_an_answer_cut_off_inside_its_code_is_a_truncated_answer():
