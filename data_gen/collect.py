@@ -21,9 +21,10 @@ from typing import Any
 
 from chat.context import CONTEXTS
 from chat.models import EndpointError, make_chat_model
+from cli.options import add_scale_options, scale_kwargs
 from data_gen.dataset import ContaminationError, balance, cap_per_repair, dedupe, write_dataset
 from data_gen.journal import Journal, JournalMismatch
-from data_gen.mutations import OPERATOR_NAMES, operator
+from data_gen.operators import OPERATOR_NAMES, operator
 from data_gen.pool import DEFAULT_POOL, PoolEntry, fresh_verdicts, load_pool, pool_variants
 from data_gen.sources import (
     ModelSource,
@@ -32,7 +33,6 @@ from data_gen.sources import (
     ReplaySource,
     SeededGrading,
 )
-from evaluator.cli import add_scale_options, scale_kwargs
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
@@ -106,6 +106,10 @@ def train_tasks(names: list[str] | None) -> list[Task]:
     return tasks
 
 
+# Entries count their drops by a typed reason since format 2: an older journal is not resumed.
+JOURNAL_FORMAT = 2
+
+
 def settings_of(args: argparse.Namespace, tasks: list[Task]) -> dict[str, Any]:
     """The arguments that decide a run's content: a resume must use the same ones."""
     keys = ["source", "context", "generation", "seed", "seeds"]
@@ -116,6 +120,7 @@ def settings_of(args: argparse.Namespace, tasks: list[Task]) -> dict[str, Any]:
         keys.append("pool")
     settings = {k: (str(v) if isinstance(v := getattr(args, k), Path) else v) for k in keys}
     settings["tasks"] = [t.name for t in tasks]
+    settings["journal_format"] = JOURNAL_FORMAT
     return settings
 
 
@@ -208,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "splits": summary.splits, "error_classes": dict(summary.by_error_class),
               "tasks": len(summary.by_task), "distinct_repairs": summary.diversity.distinct_repairs,
               "max_pairs_per_repair": summary.diversity.max_pairs_per_repair,
-              "dropped": dict(Counter(e["dropped"].split(":")[0] for e in attempts if e["dropped"])),
+              "dropped": dict(Counter(e["drop_reason"] for e in attempts if e["dropped"])),
               "graded_this_run": len(todo), "seconds": elapsed, "path": str(summary.path)}
     _print_summary(console, report, attempts, summary)
     return report

@@ -13,7 +13,8 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from data_gen.mutations import Mutant
+from data_gen.edits import Mutant
+from evaluator.hardware import MiB
 from evaluator.record import Verdict
 
 
@@ -393,14 +394,13 @@ def _pick(options: tuple[str, ...], key: str) -> str:
 
 
 def observed_facts(verdict: Verdict) -> dict[str, str]:
-    """Facts taken from the verdict: the failing case's sizes and the VMEM figures."""
+    """Facts taken from the verdict's typed fields: the failing case's sizes and the VMEM figures."""
     facts = {"case": "", "need_mib": "?", "limit_mib": "?"}
-    if match := re.search(r"case \S+ \(([^)]*)\)", verdict.message):
-        facts["case"] = match.group(1)
-    if match := re.search(r"needs at least ([\d.]+) MiB", verdict.message):
-        facts["need_mib"] = f"{float(match.group(1)):.0f}"
-    if match := re.search(r"vmem_limit_bytes=(\d+)", verdict.message):
-        facts["limit_mib"] = f"{int(match.group(1)) / 2 ** 20:.0f}"
+    if verdict.failing_case is not None:
+        facts["case"] = verdict.failing_case.sizes()
+    if verdict.vmem is not None:
+        facts["need_mib"] = f"{verdict.vmem.need_bytes / MiB:.0f}"
+        facts["limit_mib"] = f"{verdict.vmem.limit_bytes / MiB:.0f}"
     return facts
 
 

@@ -13,6 +13,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +22,20 @@ from chat.models import ChatModel
 from data_gen.dataset import round_robin
 from data_gen.fingerprint import fingerprint
 from data_gen.explanations import explain
-from data_gen.mutations import OPERATORS, BugOperator, Mutant, compound_with, mutants, operator
+from data_gen.edits import BugOperator, Mutant
+from data_gen.mutations import compound_with, mutants
+from data_gen.operators import OPERATORS, operator
 from data_gen.pairs import build_pair
 from data_gen.text_rules import row_violations
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.grader import Evaluator
-from evaluator.record import Verdict
-from evaluator.stages import STAGES
+from evaluator.record import Status, Verdict
+from evaluator.stages import LAST_STATIC_STAGE, STAGE_NAMES
 from tasks import get_task
 from tasks.spec import Task
 
 SPLIT = "train"  # attempts are graded on train cases only: held-out cases never reach the data
-STATIC_STAGES = "estimate"  # the last stage that runs nothing (evaluator/stages.py: STAGES)
-STAGE_ORDER = {name: i for i, (name, _) in enumerate(STAGES)}
+STAGE_ORDER = {name: i for i, name in enumerate(STAGE_NAMES)}
 # A task's budget: at most one mutant in SURFACE_SHARE may be a surface bug (its feedback names
 # the fix), at most one in STATIC_SHARE a static one (fails before running); semantic bugs
 # (wrong values, crashes) take the rest, and one compound bug per task when the budget allows.
@@ -101,13 +103,39 @@ def repair_key(task: str, code: str) -> str:
     return f"{task}:{hashlib.sha256(code.encode()).hexdigest()[:16]}"
 
 
+class DropReason(StrEnum):
+    """Why an attempt gave no pair: the one list the run's summary counts by."""
+
+    SURVIVED = "survived"                          # the evaluator found no fault in the mutant
+    COMPOUND = "compound"                          # a compound's second bug is not seen behind the first
+    UNEXPLAINED = "unexplained"                    # no true explanation for what was observed
+    REPAIR_NOT_CONFIRMED = "repair not confirmed"  # the repaired kernel is not graded correct
+    TEXT_RULES = "text rules"                      # the row breaks a rule on model-facing text
+    CORRECT_FIRST_TRY = "correct on the first try"
+    NOT_REPAIRED = "not repaired"                  # the model's turns ran out
+    ATTEMPT_CORRECT = "attempt is correct"         # a replayed attempt that passes
+    NO_REPAIR = "no repair"                        # a replayed row without one, and no teacher
+    GRADER_LIMIT = "grader_limit"                  # the evaluator could not run the attempt
+    NO_EXPLANATION = "no explanation"              # a repair that came without one
+
+
+@dataclass(frozen=True)
+class Dropped:
+    reason: DropReason
+    detail: str = ""
+
+    def text(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else str(self.reason)
+
+
 def attempt_entry(item_id: str, task: Task, source: str, origin: str, failing: Verdict | None,
-                  pair: Any = None, dropped: str | None = None, **extra: Any) -> dict[str, Any]:
-    """The journal line for one attempt."""
+                  pair: Any = None, dropped: Dropped | None = None, **extra: Any) -> dict[str, Any]:
+    """The journal line for one attempt: `dropped` in words, `drop_reason` to count by."""
     return {"kind": "attempt", "id": item_id, "task": task.name, "source": source, "origin": origin,
             "status": failing.status if failing else None, "stage": failing.stage if failing else None,
             "seconds": round(failing.wall_s, 3) if failing else None,
-            "pair": pair.to_dict() if pair else None, "dropped": dropped, **extra}
+            "pair": pair.to_dict() if pair else None, "dropped": dropped.text() if dropped else None,
+            "drop_reason": dropped.reason if dropped else None, **extra}
 
 
 # --- mutation ----------------------------------------------------------------------------------
@@ -187,7 +215,7 @@ class MutationSource:
         A static bug (a compound's first bug included) is graded through the static stages only."""
         static = bool(mutant.parts) or operator(mutant.operator).static
         for candidate in (mutant, *mutant.fallbacks):
-            verdict = grader.grade(task, candidate.answer(), through=STATIC_STAGES if static else None)
+            verdict = grader.grade(task, candidate.answer(), through=LAST_STATIC_STAGE if static else None)
             if not verdict.ok and verdict.status != "pending":
                 break
         return candidate, verdict
@@ -196,33 +224,35 @@ class MutationSource:
         task = get_task(mutant.task)
         extra = {"line": mutant.line, "variant": mutant.variant}
 
-        def drop(verdict: Verdict, reason: str) -> dict[str, Any]:
-            return attempt_entry(mutant.id, task, self.name, mutant.operator, verdict, dropped=reason, **extra)
+        def drop(verdict: Verdict, reason: DropReason, detail: str) -> dict[str, Any]:
+            return attempt_entry(mutant.id, task, self.name, mutant.operator, verdict,
+                                 dropped=Dropped(reason, detail), **extra)
 
         graded, failing = self._first_failure(task, mutant, grader)
         if failing.ok or failing.status == "pending":
             static = failing.status == "pending"  # graded through the static stages only
-            return drop(failing, f"survived: {'the static stages' if static else 'the evaluator'} found no fault")
+            return drop(failing, DropReason.SURVIVED,
+                        f"{'the static stages' if static else 'the evaluator'} found no fault")
         part_verdicts: tuple[Verdict, ...] = ()
         if graded.parts:  # the second bug must fail by itself, and later than what was observed
             alone = grader.grade(task, graded.parts[1].answer())
             if alone.ok or STAGE_ORDER.get(alone.stage, 0) <= STAGE_ORDER.get(failing.stage, 0):
-                return drop(failing, "compound: the second bug is not seen behind the first")
+                return drop(failing, DropReason.COMPOUND, "the second bug is not seen behind the first")
             part_verdicts = (failing, alone)
         explanation = explain(graded, failing, part_verdicts)
         if explanation is None:
-            return drop(failing, f"unexplained: {mutant.operator} observed as {failing.status}")
+            return drop(failing, DropReason.UNEXPLAINED, f"{mutant.operator} observed as {failing.status}")
         repair = dict(self.kernels(task))[mutant.variant]
         repaired = grader.grade_repair(task, repair)
         if not repaired.ok:
-            return drop(failing, f"repair not confirmed: {repaired.status}")
+            return drop(failing, DropReason.REPAIR_NOT_CONFIRMED, repaired.status)
         pair = build_pair(task, attempt_id=mutant.id, source=self.name, origin=mutant.operator,
                           context=prompt.context, generation=prompt.generation,
                           failing_answer=graded.answer(), failing_code=graded.code, failing=failing,
                           explanation=explanation, repair_code=repair, repaired=repaired)
         broken = row_violations(pair.to_dict())
         if broken:
-            return drop(failing, f"text rules: {', '.join(broken)}")
+            return drop(failing, DropReason.TEXT_RULES, ", ".join(broken))
         return attempt_entry(mutant.id, task, self.name, mutant.operator, failing, pair, **extra)
 
 
@@ -290,7 +320,8 @@ class ModelSource:
                 return attempt_entry(item.id, task, self.name, self.model.name, first, pair, dropped,
                                      turns=turns)
             answer, verdict = reply, repaired  # the fixer's failed repair is the next failing attempt
-        dropped = "correct on the first try" if first.ok else f"not repaired in {self.max_turns} turns"
+        dropped = (Dropped(DropReason.CORRECT_FIRST_TRY) if first.ok
+                   else Dropped(DropReason.NOT_REPAIRED, f"{self.max_turns} turns tried"))
         return attempt_entry(item.id, task, self.name, self.model.name, first, dropped=dropped, turns=turns)
 
 
@@ -301,11 +332,12 @@ def _turn(model: str, answer: str, verdict: Verdict) -> dict[str, Any]:
 def _pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prompt: PromptSettings,
                      failing_answer: str, failing: Verdict, reply: str, repaired: Verdict):
     """A pair from a confirmed repair; the reply's prose (outside code) is the explanation."""
-    if failing.status == "grader_limit":  # the grader could not run the attempt: no fault is confirmed
-        return None, "grader_limit: the evaluator could not run the attempt, so no failure was confirmed"
+    if failing.status == Status.GRADER_LIMIT:  # the grader could not run the attempt: no fault is confirmed
+        return None, Dropped(DropReason.GRADER_LIMIT, "the evaluator could not run the attempt, so no failure "
+                                                      "was confirmed")
     explanation = prompts.strip_code(reply)
     if not explanation:
-        return None, "the repair came without an explanation"
+        return None, Dropped(DropReason.NO_EXPLANATION, "the repair came without one")
     pair = build_pair(task, attempt_id=attempt_id, source=source, origin=origin, context=prompt.context,
                       generation=prompt.generation, failing_answer=failing_answer,
                       failing_code=code_of(failing_answer) or failing_answer, failing=failing,
@@ -362,7 +394,8 @@ class ReplaySource:
         task = get_task(item.task)
         failing = grader.grade(task, item.attempt)
         if failing.ok:
-            return attempt_entry(item.id, task, self.name, item.model, failing, dropped="attempt is correct")
+            return attempt_entry(item.id, task, self.name, item.model, failing,
+                                 dropped=Dropped(DropReason.ATTEMPT_CORRECT))
         reply = item.repair
         if reply is not None and item.explanation:
             code = code_of(reply) or reply
@@ -370,14 +403,15 @@ class ReplaySource:
         if reply is None:
             if self.teacher is None:
                 return attempt_entry(item.id, task, self.name, item.model, failing,
-                                     dropped="no repair in the row and no --teacher")
+                                     dropped=Dropped(DropReason.NO_REPAIR,
+                                                     "the row has none and no --teacher was given"))
             conversation = prompts.repair_messages(prompts.task_messages(task, prompt.context, prompt.generation),
                                                    item.attempt, failing)
             reply = self.teacher.complete(conversation, max_tokens=self.max_tokens, seed=seed_for(item.id))
         repaired = grader.grade(task, reply)
         if not repaired.ok:
             return attempt_entry(item.id, task, self.name, item.model, failing,
-                                 dropped=f"repair not confirmed: {repaired.status}")
+                                 dropped=Dropped(DropReason.REPAIR_NOT_CONFIRMED, repaired.status))
         pair, dropped = _pair_from_reply(task, item.id, self.name, item.model, prompt, item.attempt,
                                          failing, reply, repaired)
         return attempt_entry(item.id, task, self.name, item.model, failing, pair, dropped)

@@ -16,14 +16,14 @@ from collections import Counter
 from collections.abc import Iterable
 from functools import cache
 
-from evaluator.stages import STAGES
+from evaluator.stages import STAGE_NAMES
 
 RULES = ("local_path", "seed", "stage_name", "history_verb", "copied_feedback", "unknown_name")
 
 _LOCAL_PATH = re.compile(r"site-packages|dist-packages|\.venv|(?<![\w.>])/(?:home|work|tmp|usr|root|opt|var|"
                          r"Users|private)/")
 _SEED = re.compile(r"\bseeds? \d+|\bseed=\d+", re.IGNORECASE)
-_STAGE = re.compile(r"\bstages?\b|" + "|".join(rf"`{name}`" for name, _ in STAGES), re.IGNORECASE)
+_STAGE = re.compile(r"\bstages?\b|" + "|".join(rf"`{name}`" for name in STAGE_NAMES), re.IGNORECASE)
 _HISTORY = re.compile(r"\b(?:became|no longer|used to|originally|(?:was|were|has been|have been) "
                       r"(?:removed|dropped|deleted|raised|lowered|changed|replaced|swapped|renamed|added|"
                       r"introduced|moved|shifted|rewritten|turned))\b", re.IGNORECASE)

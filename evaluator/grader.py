@@ -16,11 +16,11 @@ from evaluator.backends import default_backend, get_backend
 from evaluator.cache import VerdictCache, cache_key
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.protocol import Reset
-from evaluator.record import StageTiming, Verdict
+from evaluator.record import StageTiming, Status, Verdict
 from evaluator.reference import ReferenceCache
 from evaluator.remote import ActorsLost, RayExecutor
 from evaluator.sandbox import Limits, WorkerError, WorkerPool
-from evaluator.stages import SOURCE_STAGES, STAGES, Failure, GradingContext, Stage, correct_message
+from evaluator.stages import SOURCE_STAGES, STAGE_NAMES, STAGES, Failure, GradingContext, Stage, correct_message
 from tasks import get_task
 from tasks.spec import Task
 
@@ -100,7 +100,7 @@ class Evaluator:
                 return hit
         if self.remote is not None:
             try:
-                verdict = Verdict.from_dict(self.remote.grade(task.name, answer, split, seed, through))
+                verdict = Verdict.from_dict(self.remote.grade(task, answer, split, seed, through))
             except ActorsLost as lost:
                 verdict = self._lost_verdict(task, answer, split, lost.deaths)
         else:
@@ -114,7 +114,7 @@ class Evaluator:
         message = (f"runtime_error: grading this kernel killed the evaluator's process {len(deaths)} times "
                    f"({', '.join(deaths)}); it was not graded to the end. A kernel that exhausts the host's "
                    "memory or crashes the process that runs it does this.")
-        verdict = Verdict(task=task.name, task_version=task.version, status="runtime_error", message=message,
+        verdict = Verdict(task=task.name, task_version=task.version, status=Status.RUNTIME_ERROR, message=message,
                           backend=self.backend.name, split=split, stage="run", error_type="ActorDied",
                           error=message, versions=_versions(),
                           candidate_sha256=hashlib.sha256(answer.encode()).hexdigest())
@@ -133,9 +133,9 @@ class Evaluator:
         return settings
 
     def _grade_here(self, task: Task, answer: str, split: str, seed: int | None,
-                    stages: tuple[tuple[str, Stage], ...], through: str | None) -> Verdict:
+                    stages: tuple[Stage, ...], through: str | None) -> Verdict:
         start = time.perf_counter()
-        verdict = Verdict(task=task.name, task_version=task.version, status="pending", message="",
+        verdict = Verdict(task=task.name, task_version=task.version, status=Status.PENDING, message="",
                           backend=self.backend.name, split=split, stage="",
                           versions=_versions(), candidate_sha256=hashlib.sha256(answer.encode()).hexdigest())
         ctx = GradingContext(task=task, answer=answer, split=split, backend=self.backend,
@@ -151,36 +151,36 @@ class Evaluator:
         if failure is None and through is not None:
             verdict.stage, verdict.message = through, f"passed every stage through {through!r}"
         elif failure is None:
-            verdict.status, verdict.stage, verdict.message = "correct", "done", correct_message(ctx)
+            verdict.status, verdict.stage, verdict.message = Status.CORRECT, "done", correct_message(ctx)
         else:
             verdict.status, verdict.message = failure.status, f"{failure.status}: {failure.message}"
             verdict.error_type, verdict.error = failure.error_type, failure.error
+            verdict.failing_case, verdict.vmem = failure.case, failure.vmem
             verdict.details.update(failure.details)
         verdict.wall_s = time.perf_counter() - start
         return verdict
 
-    def _run_stages(self, ctx: GradingContext, stages: tuple[tuple[str, Stage], ...] = STAGES
-                    ) -> Failure | None:
+    def _run_stages(self, ctx: GradingContext, stages: tuple[Stage, ...] = STAGES) -> Failure | None:
         lease = None
         failure: Failure | None = None
         try:
-            for name, stage in stages:
-                if name not in SOURCE_STAGES and ctx.worker is None:
+            for stage in stages:
+                if stage.name not in SOURCE_STAGES and ctx.worker is None:
                     lease = self.pool.lease()
                     ctx.worker = lease.__enter__()
                 t0 = time.perf_counter()
                 try:
-                    failure = stage(ctx)
+                    failure = stage.run(ctx)
                 except WorkerError as exc:
-                    status = "timeout" if exc.kind == "timeout" else "runtime_error"
+                    status = Status.TIMEOUT if exc.kind == "timeout" else Status.RUNTIME_ERROR
                     failure = Failure(status, f"{exc}.", "WorkerTimeout" if exc.kind == "timeout"
                                       else "WorkerCrash", str(exc))
                     for case in ctx.verdict.cases:
-                        if case.status == "pending":
+                        if case.status == Status.PENDING:
                             case.status, case.error = status, str(exc)
-                ctx.verdict.stage_timings.append(StageTiming(name, time.perf_counter() - t0))
+                ctx.verdict.stage_timings.append(StageTiming(stage.name, time.perf_counter() - t0))
                 if failure is not None:
-                    ctx.verdict.stage = name
+                    ctx.verdict.stage = stage.name
                     return failure
             return None
         finally:
@@ -237,17 +237,17 @@ class GradingActor:
         self.evaluator = Evaluator(**options)
         self.evaluator.warm_up()
 
-    def grade(self, task: str, answer: str, split: str, seed: int | None, through: str | None) -> dict:
+    def grade(self, task: Task, answer: str, split: str, seed: int | None, through: str | None) -> dict:
+        """`task` arrives as itself (pickled by Ray), an imported one rebuilt here from its suite."""
         return self.evaluator.grade(task, answer, split, seed, through).to_dict()
 
 
-def _stages_through(last: str | None) -> tuple[tuple[str, Stage], ...]:
+def _stages_through(last: str | None) -> tuple[Stage, ...]:
     if last is None:
         return STAGES
-    names = [name for name, _ in STAGES]
-    if last not in names:
-        raise ValueError(f"unknown stage {last!r}; the stages are {', '.join(names)}")
-    return STAGES[:names.index(last) + 1]
+    if last not in STAGE_NAMES:
+        raise ValueError(f"unknown stage {last!r}; the stages are {', '.join(STAGE_NAMES)}")
+    return STAGES[:STAGE_NAMES.index(last) + 1]
 
 
 def _versions() -> dict[str, str]:

@@ -214,10 +214,19 @@ def time_case(state: WorkerState, request: Time, arrays: list) -> tuple[Any, lis
 
     import tasks
 
-    task = tasks.get_task(request.task)
+    if request.reference_source is not None:  # an imported task: a driver builds its reference
+        driver = driver_function(request.reference_function or "")
+        if isinstance(driver, Failed):
+            return driver, []
+        try:
+            fn = driver(external_module(state, request.reference_source), *request.reference_args)
+        except Exception as exc:
+            return Failed(*describe_exception(exc)), []
+    else:
+        fn = tasks.get_task(request.task).reference
     inputs = [jax.device_put(a) for a in arrays]
     runner = _case_runner(state, request.case, request.tpu_numerics)
-    reference = jax.jit(task.reference)
+    reference = jax.jit(fn)
     kernel_s = time_callable(runner, inputs, request.warmup, request.iters)
     reference_s = time_callable(reference, inputs, request.warmup, request.iters)
     outputs = [np.array(leaf) for leaf in jax.tree_util.tree_leaves(runner(*inputs))]
@@ -238,32 +247,49 @@ def time_callable(fn: Callable[..., Any], inputs: list, warmup: int, iters: int)
     return samples
 
 
-# Modules whose functions a Call may name: our own drivers of third-party code, nothing else.
-CALLABLE_MODULES = ("suites.driver",)
+# A module whose functions a Call may name says so with this attribute set to True: our own drivers
+# of third-party code (an adapter's, named by the adapter's requests), nothing else.
+DRIVER_MARK = "REFERENCE_DRIVER"
 EXTERNAL_MODULE_PREFIX = "external_reference_"
+
+
+def driver_function(name: str) -> Callable[..., Any] | Failed:
+    """`package.module:function` of a module that marks itself a driver; Failed for any other."""
+    import importlib
+
+    module_name, _, function = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        module = None
+    if getattr(module, DRIVER_MARK, False) is not True or not callable(getattr(module, function, None)):
+        return Failed("ValueError", f"{name} is not a driver function", internal=True)
+    return getattr(module, function)
+
+
+def external_module(state: WorkerState, source: str) -> types.ModuleType:
+    """A peer suite's file executed as a module of its own, once per source (kept for later calls)."""
+    module = state.external.get(source)
+    if module is None:
+        module = types.ModuleType(f"{EXTERNAL_MODULE_PREFIX}{len(state.external) + 1}")
+        module.__file__ = "<reference>"
+        sys.modules[module.__name__] = module  # dataclasses in their code look it up
+        exec(compile(source, "<reference>", "exec"), module.__dict__)
+        state.external[source] = module
+    return module
 
 
 def call_external(state: WorkerState, request: Call, arrays: list) -> tuple[Any, list]:
     """Execute a peer suite's file as a module (once per source) and call one of our driver
     functions on it; the driver returns (JSON-able value, arrays). Their code failing is a
     Failed reply, not an evaluator bug: the host reports which file could not be used."""
-    import importlib
-
     import numpy as np
 
-    module_name, _, function = request.function.partition(":")
-    if module_name not in CALLABLE_MODULES:
-        return Failed("ValueError", f"{request.function} is not a driver function", internal=True), []
-    driver = getattr(importlib.import_module(module_name), function)
-    module = state.external.get(request.source)
+    driver = driver_function(request.function)
+    if isinstance(driver, Failed):
+        return driver, []
     try:
-        if module is None:
-            module = types.ModuleType(f"{EXTERNAL_MODULE_PREFIX}{len(state.external) + 1}")
-            module.__file__ = "<reference>"
-            sys.modules[module.__name__] = module  # dataclasses in their code look it up
-            exec(compile(request.source, "<reference>", "exec"), module.__dict__)
-            state.external[request.source] = module
-        value, out = driver(module, *request.args, *arrays)
+        value, out = driver(external_module(state, request.source), *request.args, *arrays)
     except Exception as exc:
         etype, text = describe_exception(exc)
         return Failed(etype, text), []

@@ -73,13 +73,18 @@ class Run:
 
 @dataclass
 class Time:
-    """Time the case's kernel and the task's reference on the same inputs (the arrays)."""
+    """Time the case's kernel and the task's reference on the same inputs (the arrays). The
+    reference is our task's (`task`, by name), or for an imported task the function that a driver
+    function (`reference_function`, as in Call) builds from `reference_source` and `reference_args`."""
 
     task: str
     case: str
     warmup: int
     iters: int
     tpu_numerics: bool = False
+    reference_source: str | None = None
+    reference_function: str | None = None
+    reference_args: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -6,28 +6,67 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-# Every status a verdict can carry, in the order of the stage that produces it.
-STATUSES: tuple[str, ...] = (
-    "extraction_error",     # 1 extract: no code found in the answer
-    "syntax_error",         # 2 policy: the code does not parse
-    "policy_violation",     # 2 policy: forbidden import / call / name, or interpret=
-    "import_error",         # 3 load: executing the module failed or defines no kernel()
-    "no_kernel",            # 4 structure: no pallas_call at all
-    "work_outside_kernel",  # 4 structure: matmul or a real share of the work outside kernels, host callbacks
-    "missing_feature",      # 5 features: a required TPU feature is not used
-    "lowering_error",       # 6 lowering: tracing or Pallas -> Mosaic lowering failed
-    "compile_error",        # 6 lowering: the TPU compiler (or its VMEM budget model) rejects it
-    "grader_limit",         # 7 run: the grader cannot run this program yet (its limit, not the kernel's fault)
-    "runtime_error",        # 7 run: an exception, race, out-of-bounds access or crash while running
-                            # (4a grid: a block index out of range at a bench size)
-    "timeout",              # any worker stage: ran past its time limit
-    "wrong_shape",          # 7 run: output shape, dtype or arity differs from the reference
-    "wrong_output",         # 7 run: values outside tolerance (or NaN/inf)
-                            # (4a grid: an output block never written, an argument not read in full)
-    "correct",              # all stages passed
-)
+from tasks.spec import Case
+
+class Status(StrEnum):
+    """Every status a verdict can carry, in the order of the stage that produces it: the one
+    list (a new status is a member here; `Failure` refuses any other string). Members compare
+    equal to their strings, so records and JSON hold plain text."""
+
+    EXTRACTION_ERROR = "extraction_error"        # 1 extract: no code found in the answer
+    SYNTAX_ERROR = "syntax_error"                # 2 policy: the code does not parse
+    POLICY_VIOLATION = "policy_violation"        # 2 policy: forbidden import / call / name, or interpret=
+    IMPORT_ERROR = "import_error"                # 3 load: executing the module failed or defines no kernel()
+    NO_KERNEL = "no_kernel"                      # 4 structure: no pallas_call at all
+    WORK_OUTSIDE_KERNEL = "work_outside_kernel"  # 4 structure: matmul or a real share of the work outside
+                                                 #   kernels, host callbacks
+    MISSING_FEATURE = "missing_feature"          # 5 features: a required TPU feature is not used
+    LOWERING_ERROR = "lowering_error"            # 6 lowering: tracing or Pallas -> Mosaic lowering failed
+    COMPILE_ERROR = "compile_error"              # 6 lowering: the TPU compiler (or its VMEM model) rejects it
+    GRADER_LIMIT = "grader_limit"                # 7 run: the grader cannot run this program yet (its limit,
+                                                 #   not the kernel's fault)
+    RUNTIME_ERROR = "runtime_error"              # 7 run: an exception, race, out-of-bounds access or crash
+                                                 #   (4a grid: a block index out of range at a bench size)
+    TIMEOUT = "timeout"                          # any worker stage: ran past its time limit
+    WRONG_SHAPE = "wrong_shape"                  # 7 run: output shape, dtype or arity differs
+    WRONG_OUTPUT = "wrong_output"                # 7 run: values outside tolerance (or NaN/inf)
+                                                 #   (4a grid: an output block never written, an argument
+                                                 #   not read in full)
+    CORRECT = "correct"                          # all stages passed
+    PENDING = "pending"                          # not a verdict: a grading stopped early (`through=`)
+                                                 #   with no failure, or a case not run yet
+
+
+# The statuses a finished grading ends with.
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status if s is not Status.PENDING)
+
+
+@dataclass
+class BlockFigure:
+    """One VMEM buffer of a kernel: its role (input, output, scratch), block shape, dtype and
+    how many copies the pipeline keeps."""
+
+    role: str
+    shape: list[int]
+    dtype: str
+    buffers: int
+
+
+@dataclass
+class VmemFinding:
+    """Why a kernel does not fit VMEM, as numbers (the message says the same in words)."""
+
+    kernel: str
+    case: str
+    need_bytes: int                    # the least its pipelined blocks and scratch take
+    limit_bytes: int                   # the budget it was held to
+    limit_source: str                  # where that budget comes from (a vmem_limit_bytes, the default)
+    requested_limit_bytes: int | None  # the kernel's own vmem_limit_bytes, if it set one
+    generation_bytes: int              # the generation's whole VMEM
+    blocks: list[BlockFigure] = field(default_factory=list)
 
 
 @dataclass
@@ -39,7 +78,7 @@ class CaseResult:
     dims: dict[str, int]
     dtype: str
     params: dict[str, Any]
-    status: str = "pending"
+    status: Status = Status.PENDING
     seeds: list[int] = field(default_factory=list)
     max_abs_err: float | None = None
     max_rel_err: float | None = None
@@ -49,6 +88,9 @@ class CaseResult:
     bound_ratio: float | None = None  # largest error / its bound over the seeds (1.0 = at tolerance)
     error: str | None = None  # first lines of the real error, if any
     run_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # an unknown status is a bug, caught where it is made
 
 
 @dataclass
@@ -63,7 +105,7 @@ class Verdict:
 
     task: str
     task_version: int
-    status: str
+    status: Status
     message: str  # one short paragraph: the feedback a model reads
     backend: str
     split: str
@@ -74,15 +116,21 @@ class Verdict:
     stage_timings: list[StageTiming] = field(default_factory=list)
     error_type: str | None = None
     error: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (costs, VMEM...)
+    details: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (costs, traffic...)
+    # Typed facts later consumers read (data_gen's explanations, reports): never parsed from text.
+    failing_case: Case | None = None  # the case the deciding failure happened at, if any
+    vmem: VmemFinding | None = None   # a kernel over its VMEM budget (compile_error)
     versions: dict[str, str] = field(default_factory=dict)
     candidate_sha256: str = ""
     wall_s: float = 0.0
     cached: bool = False  # read back from the verdict cache (evaluator/cache.py), not graded now
 
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
+
     @property
     def ok(self) -> bool:
-        return self.status == "correct"
+        return self.status == Status.CORRECT
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,4 +141,10 @@ class Verdict:
         data = dict(data)
         data["cases"] = [CaseResult(**c) for c in data.get("cases", [])]
         data["stage_timings"] = [StageTiming(**t) for t in data.get("stage_timings", [])]
+        if data.get("failing_case") is not None:
+            data["failing_case"] = Case(**data["failing_case"])
+        if data.get("vmem") is not None:
+            vmem = dict(data["vmem"])
+            vmem["blocks"] = [BlockFigure(**b) for b in vmem.get("blocks", [])]
+            data["vmem"] = VmemFinding(**vmem)
         return cls(**data)

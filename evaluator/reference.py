@@ -39,8 +39,8 @@ class ReferenceCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jitted: dict[tuple[str, bool], Any] = {}
-        self._costs: dict[tuple[str, str], Cost] = {}
+        self._jitted: dict[tuple, Any] = {}
+        self._costs: dict[tuple, Cost] = {}
         self._recent: OrderedDict[tuple, tuple[tuple[np.ndarray, ...], list[np.ndarray],
                                                list[np.ndarray]]] = OrderedDict()
 
@@ -56,7 +56,7 @@ class ReferenceCache:
 
     def _entry(self, task: Task, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray],
                                                                   list[np.ndarray]]:
-        key = (task.name, task.version, case.name, seed)
+        key = (*_identity(task), case.name, seed)
         with self._lock:
             if key in self._recent:
                 self._recent.move_to_end(key)
@@ -96,7 +96,7 @@ class ReferenceCache:
 
         if task.external is not None:
             return task.external.cost(case)
-        key = (task.name, case.name)
+        key = (*_identity(task), case.name)
         with self._lock:
             if key in self._costs:
                 return self._costs[key]
@@ -111,11 +111,17 @@ class ReferenceCache:
     def _reference_fn(self, task: Task, tpu_dots: bool) -> Any:
         from evaluator.program import with_tpu_dots
 
-        key = (task.name, tpu_dots)
+        key = (*_identity(task), tpu_dots)
         with self._lock:
             if key not in self._jitted:
                 self._jitted[key] = _jax().jit(with_tpu_dots(task.reference) if tpu_dots else task.reference)
             return self._jitted[key]
+
+
+def _identity(task: Task) -> tuple:
+    """What the cached values depend on: a replaced Task (another reference, input maker or
+    third-party reference under the same name) never shares an entry with the one it replaced."""
+    return task.name, task.version, task.reference, task.make_inputs, id(task.external)
 
 
 def _is_float(dtype: str) -> bool:

@@ -2,8 +2,9 @@
 
 Each Ray actor owns an ordinary local `Evaluator` with its own warm, sandboxed worker process
 (`evaluator.grader.GradingActor`), so a cluster relaxes nothing about isolation. The driver
-sends (task name, answer, split, seed, stage) and gets the verdict back as plain data. Ray is
-imported only when a `RayExecutor` is made.
+sends (task, answer, split, seed, stage) and gets the verdict back as plain data. The task travels
+as itself, pickled: a replaced Task stays replaced, an imported one is rebuilt on the actor from
+its suite (tasks.spec.Task.__reduce_ex__). Ray is imported only when a `RayExecutor` is made.
 
 - Back-pressure: one grading in flight per actor. A caller waits for an idle actor.
 - Lost actors: an actor that dies mid-grade is replaced, and its candidate is graded again on
@@ -17,6 +18,8 @@ import queue
 import socket
 import threading
 from typing import Any
+
+from tasks.spec import Task
 
 
 class ActorsLost(RuntimeError):
@@ -72,7 +75,7 @@ class RayExecutor:
             self.replaced += 1
         return self._start_actor()
 
-    def grade(self, task: str, answer: str, split: str, seed: int | None, through: str | None
+    def grade(self, task: Task, answer: str, split: str, seed: int | None, through: str | None
               ) -> dict[str, Any]:
         """The verdict as a dict; ActorsLost when every try lost its actor."""
         errors = self._ray.exceptions

@@ -2,7 +2,8 @@
 
 Each stage is a small function from the grading context to either None ("go on") or a
 Failure. Stages 1-2 run here on the source text; stages 3-8 drive a sandboxed worker (see
-evaluator/worker.py) and judge what it reports. Adding a stage is adding one entry to STAGES.
+evaluator/worker.py) and judge what it reports. Adding a stage is adding one entry to STAGES,
+with the context fields it reads and writes.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from evaluator.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lo
 from evaluator.jaxpr_analysis import TraceSummary
 from evaluator.protocol import CaseSpec, Compile, Failed, Load, Lower, Run, SeedResult, Time, Trace
 from evaluator.provenance import KernelOrigin
-from evaluator.record import CaseResult, Verdict
+from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
 from evaluator.reference import ReferenceCache, case_seeds
 from evaluator.sandbox import Worker
 from tasks.spec import Case, CandidateFormatError, Task
@@ -45,11 +46,18 @@ MAX_LIBRARY_SHARE = 0.5
 
 @dataclass
 class Failure:
-    status: str
+    """What a stage found wrong. `case` and `vmem` reach the verdict as typed fields."""
+
+    status: Status
     message: str
     error_type: str | None = None
     error: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    case: Case | None = None
+    vmem: VmemFinding | None = None
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a status outside the one list is a bug here
 
 
 @dataclass
@@ -158,10 +166,10 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
             return Failure("no_kernel", f"the module never imports jax.experimental.pallas, so it has no "
                            f"Pallas kernel (and tracing kernel() failed at case {case.describe()}: "
                            f"{reply.error_type}: {reply.error}); the computation must be written as a "
-                           "Pallas kernel.", reply.error_type, reply.error)
+                           "Pallas kernel.", reply.error_type, reply.error, case=case)
         return Failure("lowering_error", f"tracing kernel() failed at case {case.describe()}: "
                                          f"{reply.error_type}: {reply.error}",
-                       reply.error_type, reply.error)
+                       reply.error_type, reply.error, case=case)
     ctx.summaries = {t.case: t.summary for t in reply.cases}
     ctx.origins = {t.case: t.origins for t in reply.cases}
     ctx.replay_limits = sorted({name for t in reply.cases for name in t.replay_limits})
@@ -171,10 +179,10 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
         if out.callbacks:
             return Failure("work_outside_kernel", f"kernel() calls back to the host "
                            f"({', '.join(sorted(set(out.callbacks)))}) at case {case.name}; all work "
-                           "must run on the TPU inside pallas_call kernels.")
+                           "must run on the TPU inside pallas_call kernels.", case=case)
         if not summary.pallas_calls:
             return Failure("no_kernel", f"no pallas_call found when tracing kernel() at case "
-                           f"{case.describe()}; the computation must be written as a Pallas kernel.")
+                           f"{case.describe()}; the computation must be written as a Pallas kernel.", case=case)
         failure = _origin_failure(ctx.origins[case.name], case)
         if failure is not None:
             return failure
@@ -186,7 +194,7 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
         if out.heavy_ops:
             return Failure("work_outside_kernel", f"{', '.join(sorted(set(out.heavy_ops)))} runs outside "
                            f"any Pallas kernel at case {case.name}; matrix products must happen "
-                           "inside pallas_call.")
+                           "inside pallas_call.", case=case)
         ref_flops = ctx.references.flops(ctx.task, case)
         ctx.verdict.details.setdefault("outside_flops_share", {})[case.name] = (
             out.flops / ref_flops if ref_flops else 0.0)
@@ -196,7 +204,7 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
             return Failure("work_outside_kernel", f"{out.flops / ref_flops:.0%} of the reference's "
                            f"arithmetic runs outside the Pallas kernels at case {case.name} "
                            f"(mostly {ops}); only glue such as padding, reshapes and casts may run "
-                           f"outside (limit {OUTSIDE_FLOPS_SHARE:.0%}).")
+                           f"outside (limit {OUTSIDE_FLOPS_SHARE:.0%}).", case=case)
         failure = _intermediate_failure(ctx, summary, case)
         if failure is not None:
             return failure
@@ -218,7 +226,7 @@ def _bench_program_failure(ctx: GradingContext, cases: list[Case]) -> Failure | 
         if why is not None:
             return Failure("work_outside_kernel", f"at bench case {case.describe()} {why}; kernel() must "
                            "be one program at every size (the same kernels, computing the same things, as "
-                           "at the check sizes), so that what is timed is what was checked.")
+                           "at the check sizes), so that what is timed is what was checked.", case=case)
         ref_flops = ctx.references.flops(ctx.task, case) * ctx.task.necessary_flops_share
         if ref_flops:
             failure = _missing_work(summary, ref_flops, case, check_share)
@@ -251,20 +259,20 @@ def _origin_failure(origins: list[KernelOrigin], case: Case) -> Failure | None:
         if origin.interpret:
             return Failure("policy_violation", f"pallas_call {origin.name} at case {case.name} was "
                            f"traced with interpret={origin.interpret}; the evaluator chooses how "
-                           "kernels run, so leave interpret at its default (False).")
+                           "kernels run, so leave interpret at its default (False).", case=case)
     for origin in origins:
         if origin.defined_in != "candidate":
             return Failure("policy_violation", f"the kernel {origin.name} of a pallas_call at case "
                            f"{case.name} is defined in {origin.defined_in}, a library, not in your "
                            "code; the task asks for a kernel you write: define the kernel body "
                            "(the function passed to pallas_call) yourself.",
-                           details={"library_kernel": origin.defined_in})
+                           details={"library_kernel": origin.defined_in}, case=case)
         if origin.library_share > MAX_LIBRARY_SHARE:
             return Failure("policy_violation", f"the body of kernel {origin.name} at case {case.name} "
                            f"does its work by calling library code ({origin.library_share:.0%} of the "
                            f"work that reaches its outputs comes from {origin.main_library}); the task "
                            "asks for a kernel you write: compute in the kernel body yourself.",
-                           details={"library_kernel": origin.main_library})
+                           details={"library_kernel": origin.main_library}, case=case)
     return None
 
 
@@ -290,7 +298,7 @@ def _missing_work(summary: TraceSummary, ref_flops: float, case: Case, check_sha
                    f"at the check sizes they perform {min(check_share, 9.99):.0%} of it); the "
                    "kernel must compute the whole task at every size, not only at small ones"
                    f"{_counted_once([(c.name, c.unbounded_trips_from) for c in calls])}.",
-                   details={"inside_flops": inside, "reference_flops": ref_flops, "check_share": check_share})
+                   details={"inside_flops": inside, "reference_flops": ref_flops, "check_share": check_share}, case=case)
 
 
 def _counted_once(kernels: list[tuple[str, str]]) -> str:
@@ -317,7 +325,7 @@ def index_maps_stage(ctx: GradingContext) -> Failure | None:
             for finding in call.grid_findings:
                 status, message, error_type = grid_checks.refusal(finding, call.name, case.describe())
                 return Failure(status, message, error_type, message,
-                               details={"grid_finding": dataclasses.asdict(finding)})
+                               details={"grid_finding": dataclasses.asdict(finding)}, case=case)
     if unchecked:
         ctx.verdict.details["grid_unchecked"] = unchecked
     return None
@@ -405,7 +413,7 @@ def features_stage(ctx: GradingContext) -> Failure | None:
                    else "no kernel uses it")
             return Failure("missing_feature", f"task {ctx.task.name} requires {name}, but {who} "
                            f"at case {case.describe()}: {why}. To use it, "
-                           f"{feature_checks.how_to_use(name)}.")
+                           f"{feature_checks.how_to_use(name)}.", case=case)
     return None
 
 
@@ -419,7 +427,7 @@ def lowering_stage(ctx: GradingContext) -> Failure | None:
         case = next(c for c in cases if c.name == reply.case)
         status = "compile_error" if reply.phase == "compile" else "lowering_error"
         return Failure(status, f"{reply.phase} for TPU failed at case {case.describe()}: "
-                               f"{reply.error_type}: {reply.error}", reply.error_type, reply.error)
+                               f"{reply.error_type}: {reply.error}", reply.error_type, reply.error, case=case)
     if ctx.backend.device_compile:
         return None  # the real compiler has spoken; no need for the model
     # The model first: it is instant, and libtpu can take minutes to reject a huge request.
@@ -439,7 +447,7 @@ def _topology_compile(ctx: GradingContext, cases: list[Case]) -> Failure | None:
                                    what=f"compiling case {case.name} for TPU {gen.name}")
         if isinstance(reply, Failed):
             return Failure("compile_error", f"the TPU compiler for {gen.name} rejected case "
-                           f"{case.describe()}: {reply.error}", reply.error_type, reply.error)
+                           f"{case.describe()}: {reply.error}", reply.error_type, reply.error, case=case)
         memory[case.name] = reply.memory
     return None
 
@@ -447,23 +455,27 @@ def _topology_compile(ctx: GradingContext, cases: list[Case]) -> Failure | None:
 def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     """Without a TPU compiler: refuse kernels whose buffers alone overflow VMEM."""
     usage = ctx.verdict.details.setdefault("vmem_lower_bound_bytes", {})
+    gen = ctx.generation
     for case in cases:
         for call in ctx.summaries[case.name].pallas_calls:
             need = vmem_lower_bound(call)
-            limit, source = vmem_budget(call, ctx.generation)
+            limit, source = vmem_budget(call, gen)
             usage[case.name] = max(usage.get(case.name, 0), need)
-            too_big = call.vmem_limit_bytes and call.vmem_limit_bytes > ctx.generation.vmem_bytes
-            if need > limit or too_big:
-                blocks = ", ".join(f"{b.role} {tuple(b.block_shape)} {b.dtype} x{buffers(call, b)}"
-                                   for b in call.blocks if b.memory_space == "vmem")
-                what = (f"asks for vmem_limit_bytes={call.vmem_limit_bytes}, more than the "
-                        f"{ctx.generation.vmem_bytes // MiB} MiB of VMEM on {ctx.generation.name}"
-                        if too_big else
-                        f"needs at least {need / MiB:.1f} MiB of VMEM for its pipelined blocks and "
-                        f"scratch ({blocks}), over {source}")
-                return Failure("compile_error", f"kernel {call.name} at case {case.describe()} {what}; "
-                               "a TPU compiler would reject it (use smaller blocks).",
-                               "VmemOverflow", f"{need} > {limit}")
+            too_big = bool(call.vmem_limit_bytes) and call.vmem_limit_bytes > gen.vmem_bytes
+            if not (need > limit or too_big):
+                continue
+            finding = VmemFinding(call.name, case.name, need, limit, source, call.vmem_limit_bytes or None,
+                                  gen.vmem_bytes, [BlockFigure(b.role, list(b.block_shape), b.dtype, buffers(call, b))
+                                                   for b in call.blocks if b.memory_space == "vmem"])
+            blocks = ", ".join(f"{b.role} {tuple(b.shape)} {b.dtype} x{b.buffers}" for b in finding.blocks)
+            what = (f"asks for vmem_limit_bytes={call.vmem_limit_bytes}, more than the "
+                    f"{gen.vmem_bytes // MiB} MiB of VMEM on {gen.name}"
+                    if too_big else
+                    f"needs at least {need / MiB:.1f} MiB of VMEM for its pipelined blocks and "
+                    f"scratch ({blocks}), over {source}")
+            return Failure("compile_error", f"kernel {call.name} at case {case.describe()} {what}; "
+                           "a TPU compiler would reject it (use smaller blocks).",
+                           "VmemOverflow", f"{need} > {limit}", case=case, vmem=finding)
     return None
 
 
@@ -496,7 +508,7 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
                            "that reads every input once, writes every output once and does the "
                            "task's arithmetic at the bf16 peak: less work than the task needs. The kernel must "
                            "compute the whole task at every size"
-                           f"{_counted_once([(k['name'], k['unbounded_trips_from']) for k in kernels])}.")
+                           f"{_counted_once([(k['name'], k['unbounded_trips_from']) for k in kernels])}.", case=case)
     return None
 
 
@@ -558,7 +570,7 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
         if not seed_result.ok:
             result.error = f"{seed_result.error_type}: {seed_result.error.rstrip('.')}"
             return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
-                                            f"{result.error}.", seed_result.error_type, seed_result.error)
+                                            f"{result.error}.", seed_result.error_type, seed_result.error, case=case)
         run_s += seed_result.seconds
         got = outputs[offset: offset + seed_result.n_outputs]
         offset += seed_result.n_outputs
@@ -566,7 +578,7 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
         if shape_problem:
             result.error = shape_problem
             return Failure("wrong_shape", f"wrong output structure on case {case.describe()}: "
-                                          f"{shape_problem}.")
+                                          f"{shape_problem}.", case=case)
         expected_out = ctx.references.outputs_for(task, case, seed)
         tpu_out = ctx.references.tpu_outputs_for(task, case, seed)
         for i, (out, ref, tpu_ref) in enumerate(zip(got, expected_out, tpu_out)):
@@ -590,7 +602,8 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
     result.error = cmp.reason
     return Failure("wrong_output", f"wrong values on case {case.describe()}, seed {seed}: {which}"
                    f"{cmp.reason}; max abs error {cmp.max_abs_err:.3g}, worst at index {list(where)} "
-                   f"(expected {float(ref[where]):.4g}, got {float(np.asarray(out[where], np.float64)):.4g}).")
+                   f"(expected {float(ref[where]):.4g}, got {float(np.asarray(out[where], np.float64)):.4g}).",
+                   case=case)
 
 
 def _shape_problem(got: list[np.ndarray], expected: list, seed_result: SeedResult) -> str:
@@ -614,23 +627,22 @@ def timing_stage(ctx: GradingContext) -> Failure | None:
     a kernel that is right at the size it was timed at."""
     if not ctx.backend.times_kernels:
         return None
-    if ctx.task.external is not None:
-        # The worker times the reference itself, and an imported task's reference exists only
-        # in the suite's sandbox (suites/oracle.py): not supported yet (docs/peer-suites.md).
-        ctx.verdict.details["timing"] = "not timed: imported tasks are not timed against XLA yet"
-        return None
     bench = ctx.task.select(ctx.split, "bench") or ctx.run_cases
     samples: dict[str, Any] = {}
     ratios = []
     for case in bench:
         # Bench-size arrays are large: made here for this case alone, never cached.
-        inputs = ctx.task.make_inputs(case, np.random.default_rng(ctx.base_seed))
-        reply, outputs = ctx.worker.call(Time(ctx.task.name, case.name, warmup=3, iters=20,
-                                              tpu_numerics=ctx.tpu_numerics),
-                                         list(inputs), what=f"timing case {case.name}")
+        request = Time(ctx.task.name, case.name, warmup=3, iters=20, tpu_numerics=ctx.tpu_numerics)
+        if ctx.task.external is not None:  # their reference, built in the worker by our driver
+            inputs, _ = ctx.task.external.sample(case, ctx.base_seed)
+            request.reference_source, request.reference_function, request.reference_args = (
+                ctx.task.external.timing_reference(case))
+        else:
+            inputs = ctx.task.make_inputs(case, np.random.default_rng(ctx.base_seed))
+        reply, outputs = ctx.worker.call(request, list(inputs), what=f"timing case {case.name}")
         if isinstance(reply, Failed):
             return Failure("runtime_error", f"timing case {case.describe()} failed: "
-                           f"{reply.error_type}: {reply.error}", reply.error_type, reply.error)
+                           f"{reply.error_type}: {reply.error}", reply.error_type, reply.error, case=case)
         failure = _timed_output_failure(ctx, case, outputs, ctx.references.outputs(ctx.task, case, inputs),
                                         ctx.references.outputs(ctx.task, case, inputs, tpu_dots=True))
         if failure is not None:
@@ -646,37 +658,72 @@ def _timed_output_failure(ctx: GradingContext, case: Case, outputs: list[np.ndar
                           expected: list[np.ndarray], tpu_expected: list[np.ndarray]) -> Failure | None:
     if len(outputs) != len(expected):
         return Failure("wrong_shape", f"at the timed case {case.describe()} kernel() returned "
-                                      f"{len(outputs)} output(s), expected {len(expected)}.")
+                                      f"{len(outputs)} output(s), expected {len(expected)}.", case=case)
     for i, (out, ref, tpu_ref) in enumerate(zip(outputs, expected, tpu_expected)):
         if tuple(out.shape) != tuple(ref.shape):
             return Failure("wrong_shape", f"at the timed case {case.describe()} output {i} has "
-                                          f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}.")
+                                          f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}.", case=case)
         cmp = compare(out, ref, ctx.task.tolerances[case.dtype], tpu_ref)
         if not cmp.ok:
             return Failure("wrong_output", f"wrong values at the timed case {case.describe()}: "
                            f"{cmp.reason}; the kernel must be correct at every size it runs at, "
-                           "not only where it is checked.")
+                           "not only where it is checked.", case=case)
     return None
 
 
-Stage = Callable[[GradingContext], "Failure | None"]
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its name (the verdict's `stage`), its function, and the context fields it
+    reads that an earlier stage writes, and those it writes. `check_order` holds every read to
+    an earlier write, once, at import; tests/test_stage_order.py holds the declarations to the code."""
 
-# The evaluator, top to bottom. (name, function); the first failure decides the verdict.
-STAGES: tuple[tuple[str, Stage], ...] = (
-    ("extract", extract_stage),
-    ("policy", policy_stage),
-    ("load", load_stage),
-    ("structure", structure_stage),
-    ("index_maps", index_maps_stage),
-    ("coverage", coverage_stage),
-    ("features", features_stage),
-    ("lowering", lowering_stage),
-    ("estimate", estimate_stage),
-    ("run", run_stage),
-    ("timing", timing_stage),
+    name: str
+    run: Callable[[GradingContext], "Failure | None"]
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+
+
+def _stage(name: str, run: Callable[[GradingContext], "Failure | None"], reads: str = "", writes: str = "") -> Stage:
+    return Stage(name, run, frozenset(reads.split()), frozenset(writes.split()))
+
+
+# The evaluator, top to bottom; the first failure decides the verdict.
+STAGES: tuple[Stage, ...] = (
+    _stage("extract", extract_stage, writes="source shim"),
+    _stage("policy", policy_stage, reads="source"),
+    _stage("load", load_stage, reads="source shim"),
+    _stage("structure", structure_stage, reads="source",
+           writes="summaries origins replay_limits check_work_share"),
+    _stage("index_maps", index_maps_stage, reads="summaries"),
+    _stage("coverage", coverage_stage, reads="summaries", writes="summaries coverage_cases"),
+    _stage("features", features_stage, reads="summaries"),
+    _stage("lowering", lowering_stage, reads="summaries"),
+    _stage("estimate", estimate_stage, reads="summaries check_work_share"),
+    _stage("run", run_stage, reads="replay_limits coverage_cases"),
+    _stage("timing", timing_stage, reads="coverage_cases"),
 )
+STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
 # Stages that read only the source text; every later stage gets a worker process.
 SOURCE_STAGES = frozenset({"extract", "policy"})
+# The last stage that runs nothing: grading `through` it judges a kernel without executing it.
+LAST_STATIC_STAGE = STAGE_NAMES[STAGE_NAMES.index("run") - 1]
+
+
+def check_order(stages: tuple[Stage, ...]) -> None:
+    """Every field a stage reads is written by an earlier one, and only context fields are named."""
+    fields = {f.name for f in dataclasses.fields(GradingContext)}
+    written: set[str] = set()
+    for stage in stages:
+        unknown = (stage.reads | stage.writes) - fields
+        if unknown:
+            raise TypeError(f"stage {stage.name} names {sorted(unknown)}, not fields of GradingContext")
+        early = stage.reads - written
+        if early:
+            raise TypeError(f"stage {stage.name} reads {sorted(early)} before any stage writes it")
+        written |= stage.writes
+
+
+check_order(STAGES)
 
 
 def correct_message(ctx: GradingContext) -> str:

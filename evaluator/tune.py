@@ -22,7 +22,8 @@ from typing import Callable
 from evaluator.grader import Evaluator
 from evaluator.knobs import Knob, choices, find_knobs, rewrite
 from evaluator.perf_model import worst_bench_case
-from evaluator.record import Verdict
+from evaluator.record import Status, Verdict
+from evaluator.stages import LAST_STATIC_STAGE
 from tasks.spec import Task
 
 MiB = 1 << 20
@@ -38,7 +39,7 @@ class Trial:
     """One setting of the knobs, as the static stages saw it."""
 
     setting: dict[str, int]
-    status: str  # "pending": every static stage passed; else the failing stage's status
+    status: Status  # PENDING: every static stage passed; else the failing stage's status
     message: str = ""
     case: str = ""  # the bench case with the worst slowdown: the figures below are its
     slowdown: float = math.inf
@@ -48,7 +49,7 @@ class Trial:
 
     @property
     def ok(self) -> bool:
-        return self.status == "pending"
+        return self.status == Status.PENDING
 
     def key(self) -> tuple[bool, float, float, float]:
         """Sort key: legal settings first, then the worst slowdown, its time, its bytes (of
@@ -86,7 +87,7 @@ class TuneResult:
 def static_trial(task: Task, source: str, evaluator: Evaluator, split: str = "train",
                  setting: dict[str, int] | None = None) -> Trial:
     """Grade `source` through every static stage and read the estimate (nothing runs)."""
-    verdict = evaluator.grade(task, source, split=split, through="estimate")
+    verdict = evaluator.grade(task, source, split=split, through=LAST_STATIC_STAGE)
     return Trial.from_verdict(setting or {}, verdict)
 
 
@@ -172,11 +173,11 @@ def _verify(task: Task, source: str, knobs: list[Knob], trials: list[Trial],
         candidate = rewrite(source, knobs, trial.setting)
         if compile_evaluator is not None:
             compiled = compile_evaluator.grade(task, candidate, split=split, through="lowering")
-            if compiled.status != "pending":
+            if compiled.status != Status.PENDING:
                 rejected.append((trial, compiled.message))
                 continue
         verdict = evaluator.grade(task, candidate, split=split)
-        if verdict.status != "correct":
+        if not verdict.ok:
             rejected.append((trial, verdict.message))
             continue
         how = f"correct on the {len(verdict.cases)} check cases of split {split!r}"

@@ -6,6 +6,7 @@ Their files are read here as text; their code runs only in a sandboxed worker
 """
 from __future__ import annotations
 
+import atexit
 import threading
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class Suite:
 
     def __init__(self, kind: str, root: Path):
         self.kind, self.root = kind, root
+        self.spec = f"{kind}:{root.resolve()}"  # what opens this checkout again, in any process
         self.entries = {e.name: e for e in discover(root)}
         self.runner = ReferenceRunner()
         self.loaded: dict[str, Loaded] = {}
@@ -55,6 +57,7 @@ class Suite:
                 self.failed[name] = str(exc)
                 self._record(entry, record_failed(entry, str(exc)))
                 raise LoadError(str(exc)) from None
+            loaded.task.external.rebuilt_by = (open_task, (self.spec, name))
             self.loaded[name] = loaded
             self._record(entry, record_loaded(entry, loaded))
             return loaded.task
@@ -91,4 +94,19 @@ def open_suite(spec: str) -> Suite:
         raise SuiteError(str(exc)) from None
 
 
-__all__ = ["KINDS", "LoadError", "Suite", "SuiteError", "open_suite"]
+_OPEN: dict[str, Suite] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_task(spec: str, name: str) -> Task:
+    """An imported task in a process that did not build it (a Ray actor, after the task was
+    pickled: tasks.spec.Task.__reduce_ex__): its suite is opened once per process and kept."""
+    with _OPEN_LOCK:
+        suite = _OPEN.get(spec)
+        if suite is None:
+            suite = _OPEN[spec] = open_suite(spec)
+            atexit.register(suite.close)
+    return suite.task(name)
+
+
+__all__ = ["KINDS", "LoadError", "Suite", "SuiteError", "open_suite", "open_task"]

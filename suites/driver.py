@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+# What lets a worker call these functions (evaluator/handlers.py call_external): nothing else may be named.
+REFERENCE_DRIVER = True
 FLOAT_KINDS = "fc"
 
 
@@ -176,6 +178,12 @@ def reference(module: types.ModuleType, kind: str, n_inputs: int, tpu_dots: bool
     """The reference's outputs on given arguments (a seed's, or the timed bench-size inputs);
     with `tpu_dots`, its dots rounded as a TPU rounds them (the grader's per-element slack)."""
     return {}, _outputs(module, kind, n_inputs, list(args), tpu_dots)
+
+
+def timed_reference(module: types.ModuleType, kind: str, n_inputs: int) -> Any:
+    """The reference as a function of the arrays, as the timing stage times it beside a kernel
+    (evaluator/handlers.py time_case): their own code at the case's dtypes, nothing upcast."""
+    return lambda *args: _call_reference(module, kind, n_inputs, list(args))
 
 
 def _outputs(module: types.ModuleType, kind: str, n_inputs: int, args: list[np.ndarray],

@@ -7,7 +7,8 @@ signature, the cases and their sizes) comes from a cache that every build fills 
 `run --task`, `check-solutions`, `check-suite`, `tasks --suite ... --load`).
 
 A record is keyed by the bytes `load` reads (the entry's baseline or problem file), the entry's
-name, kind and level, and a digest of the adapter (suites/*.py, tasks/spec.py, the jax version):
+name, kind and level, and a digest of the adapter (suites/oracle.py ADAPTER_ROOTS and what they
+import, docstrings left out; the jax version):
 an edit to either misses. The cache is only for listing and reporting; a grading always builds
 its task, since the Task needs the sandboxed reference.
 
@@ -27,12 +28,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from evaluator.digest import code_digest
 from suites.jaxbench import Entry, Loaded
+from suites.oracle import ADAPTER_ROOTS
 
 CACHE_ENV = "PALLAS_KERNEL_GYM_SUITE_CACHE"
 PROJECT = "pallas-kernel-gym"
 FORMAT = 1  # of a record; part of the key
-ROOT = Path(__file__).resolve().parent.parent
 NOT_YET = "not yet loaded"
 
 
@@ -52,10 +54,7 @@ def adapter_digest() -> str:
         jax_version = importlib.metadata.version("jax")
     except importlib.metadata.PackageNotFoundError:
         jax_version = "none"
-    h = hashlib.sha256(f"jax {jax_version}\n".encode())
-    for path in [*sorted((ROOT / "suites").glob("*.py")), ROOT / "tasks" / "spec.py"]:
-        h.update(f"\0{path.relative_to(ROOT)}\0".encode() + path.read_bytes())
-    return h.hexdigest()
+    return hashlib.sha256(f"jax {jax_version}\n{code_digest(ADAPTER_ROOTS)}".encode()).hexdigest()
 
 
 def entry_key(entry: Entry) -> str:

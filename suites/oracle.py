@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from evaluator.backends import Backend
+from evaluator.digest import code_digest
 from evaluator.jaxpr_cost import Cost
 from evaluator.protocol import Call, Failed
 from evaluator.sandbox import Limits, Worker
@@ -44,7 +45,7 @@ class ReferenceRunner:
 
         with self._lock:
             try:
-                reply, out = self._worker.call(Call(source, f"suites.driver:{function}", list(args)),
+                reply, out = self._worker.call(Call(source, f"{DRIVER}:{function}", list(args)),
                                                list(arrays), what=f"running the suite's code ({function})")
             except WorkerError as exc:
                 raise ReferenceFailed(str(exc)) from None
@@ -82,6 +83,12 @@ def describe(runner: ReferenceRunner, source: str, kind: str, dtype: str) -> Des
     return Described.from_value(value)
 
 
+DRIVER = "suites.driver"  # the functions a worker runs on their files (protocol Call)
+# The code that turns a suite's file into a task and runs its reference: what, besides the file
+# itself, decides an imported task's verdicts (and its load records, suites/listing.py).
+ADAPTER_ROOTS = ("suites.jaxbench", "suites.driver", "tasks.spec")
+
+
 @dataclass
 class SuiteReference:
     """One imported task's reference (tasks.spec.ExternalReference): each case's rewritten
@@ -93,6 +100,17 @@ class SuiteReference:
     sources: dict[str, str]
     described: dict[str, Described]
     repaired: set[str] = field(default_factory=set)
+    # (function, arguments) that build this task again in another process: set by the Suite
+    # that built it (suites.open_task with its spec and the task's name)
+    rebuilt_by: tuple[Any, tuple[Any, ...]] | None = None
+
+    def code_digest(self) -> str:
+        return code_digest(ADAPTER_ROOTS)
+
+    def rebuild(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.rebuilt_by is None:
+            raise TypeError("an imported task built outside a Suite cannot be rebuilt elsewhere")
+        return self.rebuilt_by
 
     def sample(self, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray]]:
         value, arrays = self.runner.call(self.sources[case.name], "sample", [self.kind, self.dtype, seed])
@@ -111,3 +129,6 @@ class SuiteReference:
 
     def cost(self, case: Case) -> Cost:
         return self.described[case.name].cost
+
+    def timing_reference(self, case: Case) -> tuple[str, str, list[Any]]:
+        return self.sources[case.name], f"{DRIVER}:timed_reference", [self.kind, self.described[case.name].n_inputs]

@@ -58,9 +58,13 @@ class Case:
             raise ValueError(f"case {self.name!r}: size must be one of {SIZES}, got {self.size!r}")
 
     def describe(self) -> str:
+        return f"{self.name} ({self.sizes()})"
+
+    def sizes(self) -> str:
+        """Its dims, dtype and params in words: "M=256, N=512, float32"."""
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
         params = "".join(f", {k}={v}" for k, v in self.params.items())
-        return f"{self.name} ({dims}, {self.dtype}{params})"
+        return f"{dims}, {self.dtype}{params}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -142,6 +146,18 @@ class ExternalReference(Protocol):
     def cost(self, case: Case) -> Any:
         """What the reference computes at a case (evaluator.jaxpr_cost.Cost)."""
 
+    def code_digest(self) -> str:
+        """Hash of the code that builds and runs this reference (evaluator/digest.py code_digest):
+        with the file's text and the cases, what keys the task's verdicts."""
+
+    def timing_reference(self, case: Case) -> tuple[str, str, list[Any]]:
+        """(source, driver function, arguments) from which a worker builds the reference it times
+        at a case (evaluator.protocol.Time)."""
+
+    def rebuild(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """(function, arguments) that build this task again in another process (a Ray actor):
+        the reference's sandbox does not travel, the suite's location and the task's name do."""
+
 
 @dataclass(frozen=True)
 class AdaptedCandidate:
@@ -213,6 +229,13 @@ class Task:
         for case in self.cases:
             if case.dtype not in self.tolerances:
                 raise ValueError(f"task {self.name!r}: no tolerance for dtype {case.dtype!r}")
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        """A task crosses processes as itself (a `dataclasses.replace`d one too); an imported one
+        as the way to build it again there, since its reference lives in a sandbox here."""
+        if self.external is not None:
+            return self.external.rebuild()
+        return object.__reduce_ex__(self, protocol)
 
     @property
     def entry_points(self) -> tuple[str, ...]:

@@ -38,7 +38,20 @@ def read_candidate(name: str) -> str:
 
 @pytest.fixture(scope="session")
 def evaluator():
-    """One warm evaluator for the whole session: workers are reused across tests."""
+    """One warm evaluator for the whole session, for tests that check a verdict's status and
+    message: one seed per case, and a failing kernel's later cases are not run. The stages and
+    the verdict are the grader's own; what it skips costs half of a grading and decides nothing
+    a status test asserts."""
+    from evaluator.grader import Evaluator
+
+    with Evaluator(backend="tpu-interpret", workers=1, n_seeds=1, stop_at_first_failure=True) as ev:
+        yield ev
+
+
+@pytest.fixture(scope="session")
+def full_evaluator():
+    """The grader as a user runs it (two seeds per case, every case run): for tests about
+    per-case results, seeds and what a whole grading reports."""
     from evaluator.grader import Evaluator
 
     with Evaluator(backend="tpu-interpret", workers=1) as ev:

@@ -1,21 +1,37 @@
-"""The command line, run as a user would (subprocesses), and its exit codes."""
+"""The command line and its exit codes: in-process through cli.main.main (capsys holds its
+output), and one real `python -m evaluator` subprocess per subcommand for the entry point."""
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "tasks" / "matmul" / "solution.py"
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli_process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m evaluator ...` as a user runs it."""
     return subprocess.run([sys.executable, "-m", "evaluator", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
-def test_tasks_json_lists_the_suite():
+@pytest.fixture
+def cli(capsys):
+    """main(argv) in this process: the same returncode, stdout and stderr a subprocess gives."""
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()  # drop what came before
+        code = main(list(args))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+    return run
+
+
+def test_tasks_json_lists_the_suite(cli):
     result = cli("tasks", "--json")
     assert result.returncode == 0, result.stderr
     listed = {t["name"]: t for t in json.loads(result.stdout)}
@@ -25,12 +41,12 @@ def test_tasks_json_lists_the_suite():
 
 
 def test_tasks_table_shows_signatures_unmangled():
-    result = cli("tasks")
+    result = cli_process("tasks")  # the real entry point, for `tasks`
     assert result.returncode == 0
     assert "group_sizes[g]" in result.stdout  # rich markup must not eat [g]
 
 
-def test_run_json_record_for_a_correct_kernel():
+def test_run_json_record_for_a_correct_kernel(cli):
     result = cli("run", "--task", "matmul", "--candidate", str(SOLUTION), "--json", "--seed", "7")
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
@@ -41,7 +57,7 @@ def test_run_json_record_for_a_correct_kernel():
     assert {"name", "dims", "dtype", "status", "max_abs_err", "rel_l2_err"} <= set(case)
 
 
-def test_run_on_a_model_answer_with_a_failing_kernel_still_exits_zero(tmp_path):
+def test_run_on_a_model_answer_with_a_failing_kernel_still_exits_zero(cli, tmp_path):
     answer = tmp_path / "answer.md"
     body = (ROOT / "tests" / "candidates" / "work_outside_dot.py").read_text()
     answer.write_text(f"Here is my kernel:\n```python\n{body}```\n")
@@ -50,26 +66,27 @@ def test_run_on_a_model_answer_with_a_failing_kernel_still_exits_zero(tmp_path):
     assert json.loads(result.stdout)["status"] == "work_outside_kernel"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("run", "--task", "matmull", "--candidate", str(SOLUTION)), "did you mean matmul"),
-    (("run", "--task", "matmul", "--candidate", "no/such/file.py"), "not found"),
-    (("check-solutions", "--task", "nope"), "unknown task"),
-    (("tune", "--task", "matmul", "--candidate", "no/such/file.py"), "not found"),
-    (("estimate", "--candidate", str(SOLUTION)), "exactly one --task"),
+@pytest.mark.parametrize("args,needle,real", [
+    # real=True: through a `python -m evaluator` subprocess (one per subcommand)
+    (("run", "--task", "matmull", "--candidate", str(SOLUTION)), "did you mean matmul", True),
+    (("run", "--task", "matmul", "--candidate", "no/such/file.py"), "not found", False),
+    (("check-solutions", "--task", "nope"), "unknown task", True),
+    (("tune", "--task", "matmul", "--candidate", "no/such/file.py"), "not found", True),
+    (("estimate", "--candidate", str(SOLUTION)), "exactly one --task", True),
 ])
-def test_usage_errors_exit_2_with_one_line(args, needle):
-    result = cli(*args)
+def test_usage_errors_exit_2_with_one_line(cli, args, needle, real):
+    result = cli_process(*args) if real else cli(*args)
     assert result.returncode == 2
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_check_solutions_for_one_task():
+def test_check_solutions_for_one_task(cli):
     result = cli("check-solutions", "--task", "softmax", "--workers", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1/1 solutions correct" in result.stdout
 
 
-def test_estimate_table_for_a_candidate_on_two_generations():
+def test_estimate_table_for_a_candidate_on_two_generations(cli):
     result = cli("estimate", "--task", "matmul", "--candidate", str(SOLUTION), "--json")
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
@@ -79,7 +96,7 @@ def test_estimate_table_for_a_candidate_on_two_generations():
     assert row["v6e"]["slowdown_vs_ideal"] > row["v5e"]["slowdown_vs_ideal"]
 
 
-def test_tune_refuses_a_candidate_that_fails_as_given():
+def test_tune_refuses_a_candidate_that_fails_as_given(cli):
     wrong_task = ROOT / "tests" / "candidates" / "work_outside_zeros.py"  # a matmul for softmax
     result = cli("tune", "--task", "softmax", "--candidate", str(wrong_task))
     last = result.stderr.strip().splitlines()[-1]
@@ -87,7 +104,7 @@ def test_tune_refuses_a_candidate_that_fails_as_given():
     assert "missing 1 required positional argument" in last
 
 
-def test_tune_a_kernel_without_knobs_says_how_to_add_them(tmp_path):
+def test_tune_a_kernel_without_knobs_says_how_to_add_them(cli, tmp_path):
     plain = tmp_path / "plain.py"
     plain.write_text("def kernel(x):\n    return x\n")
     result = cli("tune", "--task", "softmax", "--candidate", str(plain))

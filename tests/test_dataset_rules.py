@@ -11,7 +11,8 @@ import pytest
 from chat.prompts import feedback, machine_free
 from data_gen.fingerprint import normalized
 from data_gen.mix import semantic_share
-from data_gen.mutations import OPERATORS, compounds, mutants, round_block
+from data_gen.mutations import compounds, mutants
+from data_gen.operators import OPERATORS, round_block
 from data_gen.pairs import verdict_json
 from data_gen.text_rules import opening, opening_share, prose, row_violations, unknown_names, violations
 from evaluator.record import Verdict

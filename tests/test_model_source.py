@@ -110,7 +110,7 @@ def test_replay_source(tmp_path):
     assert [(r["task"], r["origin"], r["error_class"]) for r in kept] == [("matmul", "old-run", "wrong_output")]
     dropped = sorted(json.loads(x).get("dropped") or "" for x in
                      (tmp_path / "runs" / "r" / "journal.jsonl").read_text().splitlines())
-    assert "attempt is correct" in dropped and "no repair in the row and no --teacher" in dropped
+    assert "attempt is correct" in dropped and "no repair: the row has none and no --teacher was given" in dropped
     assert any(reason.startswith("grader_limit: ") for reason in dropped)
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from data_gen.explanations import explain
 from data_gen.fingerprint import normalized
-from data_gen.mutations import OPERATORS, mutants, operator
+from data_gen.mutations import mutants
+from data_gen.operators import OPERATORS, operator
 from evaluator.record import Verdict
 from tasks import all_tasks, get_task
 
@@ -153,12 +154,10 @@ def test_mutants_spread_over_the_pool_kernels_and_operators():
         assert (m.variant == "solution") == (m.id.count(":") == 2)
 
 
-def test_stop_at_first_failure_confirms_a_failure_with_one_case():
-    from evaluator.grader import Evaluator
-
+def test_stop_at_first_failure_confirms_a_failure_with_one_case(evaluator):
     bug = _mutant("matmul", "drop_accumulator_init")
-    with Evaluator(workers=1, n_seeds=1, stop_at_first_failure=True) as quick:
-        verdict = quick.grade("matmul", bug.answer(), "train", seed=0)
+    assert evaluator.stop_at_first_failure and evaluator.n_seeds == 1  # tests/conftest.py
+    verdict = evaluator.grade("matmul", bug.answer(), "train", seed=0)
     assert verdict.status == "wrong_output" and len(verdict.cases) == 1
     assert len(get_task("matmul").select("train", "check")) > 1
 

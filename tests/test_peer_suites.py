@@ -11,14 +11,14 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, TESTS
+from conftest import TESTS
 from evaluator.compare import compare
 from suites import LoadError, open_suite
 from suites.report import check_suite, summary
@@ -310,12 +310,21 @@ def test_the_prompt_asks_for_their_entry_point(suite):
     assert "defines `ModelNew`" in model_prompt and "class Model" in model_prompt
 
 
-def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evaluator", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+@pytest.fixture
+def _cli(capsys):
+    """`python -m evaluator ...` in this process (test_cli.py runs the real entry point): its
+    exit code, stdout and stderr."""
+    from cli.main import main
+
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()  # drop what came before
+        code = main(list(args))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+    return run
 
 
-def test_cli_lists_runs_and_refuses_bad_suites(tmp_path):
+def test_cli_lists_runs_and_refuses_bad_suites(_cli, tmp_path):
     listed = _cli("tasks", "--suite", f"jaxbench:{FIXTURE}", "--load", "--json")
     assert listed.returncode == 0, listed.stderr
     assert sorted(t["name"] for t in json.loads(listed.stdout) if t["status"] == "loaded") == sorted(LOADABLE)
@@ -342,8 +351,8 @@ REAL = Path(os.environ.get("JAXBENCH", "/nonexistent"))
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (REAL / "benchmark").is_dir(), reason="set JAXBENCH to a JAXBench clone")
-def test_a_real_checkout_loads():
-    out = _cli("check-suite", f"jaxbench:{REAL}", "--json", timeout=5400)
+def test_a_real_checkout_loads(_cli):
+    out = _cli("check-suite", f"jaxbench:{REAL}", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     totals = json.loads(out.stdout)["summary"]
     groups = totals["groups"]

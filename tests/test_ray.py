@@ -1,5 +1,7 @@
 """Grading on a real local Ray cluster: the same verdicts as local grading, nothing lost when an
 actor dies, and a bounded number of tries for a candidate whose gradings keep dying."""
+import dataclasses
+import json
 import threading
 import time
 
@@ -8,7 +10,7 @@ import pytest
 from evaluator.grader import Evaluator, Job
 from evaluator.sandbox import Limits
 from tasks import get_task
-from tests.conftest import read_candidate, require_module
+from tests.conftest import ROOT, read_candidate, require_module
 
 require_module("ray", "pip install -e '.[ray]'")
 
@@ -34,7 +36,8 @@ def test_an_unreachable_cluster_is_a_one_line_error():
 def cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # 4 logical CPUs: the module's two actors, and the one a command-line run or a test of its own starts
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
@@ -85,3 +88,23 @@ def test_a_candidate_whose_gradings_keep_dying_gets_a_runtime_error(cluster):
     assert isinstance(ev.remote, RayExecutor)
     assert verdict.status == "runtime_error" and verdict.details["actor_deaths"] == 2
     assert "killed the evaluator's process 2 times" in verdict.message
+
+
+def test_a_replaced_task_reaches_an_actor_as_itself(on_ray):
+    """Tasks travel pickled, not by name: a task whose reference was replaced is graded against
+    that reference on the actor (the registry's softmax would call this solution correct)."""
+    softmax = get_task("softmax")
+    doubled = dataclasses.replace(softmax, version=77, reference=lambda x: 2 * softmax.reference(x))
+    verdict = on_ray.grade(doubled, softmax.solution_source(), seed=0)
+    assert (verdict.task_version, verdict.status) == (77, "wrong_output"), verdict.message
+
+
+def test_an_imported_task_grades_on_ray_from_the_command_line(on_ray, capsys):
+    """--suite with --ray: the actor rebuilds the imported task from its suite (suites.open_task)."""
+    from cli.main import main
+
+    fixture = ROOT / "tests" / "peer_suites" / "jaxbench"
+    code = main(["run", "--task", "jaxbench/8p_GEMM", "--candidate", str(fixture / "benchmark" / "8p_GEMM" / "optimized.py"),
+                 "--suite", f"jaxbench:{fixture}", "--ray", "auto", "--seed", "0", "--json"])
+    verdict = json.loads(capsys.readouterr().out)
+    assert code == 0 and verdict["status"] == "correct", verdict["message"]

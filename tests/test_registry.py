@@ -103,7 +103,7 @@ def test_the_performance_table_is_current(capsys):
     prints for the solutions as they are: regenerate it when a solution changes."""
     from pathlib import Path
 
-    from evaluator.cli import main
+    from cli.main import main
 
     text = (Path(tasks.__file__).parent / "README.md").read_text()
     section = text.split("\n## Performance", 1)[1].split("\n## ", 1)[0]

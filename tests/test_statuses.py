@@ -1,7 +1,12 @@
 """Every failure status, produced by a real broken candidate (tests/candidates/)."""
+import json
+
 import pytest
 
-from evaluator.record import STATUSES
+from data_gen.explanations import observed_facts
+from evaluator.hardware import MiB
+from evaluator.record import STATUSES, Status, Verdict
+from evaluator.stages import Failure
 from tests.conftest import read_candidate
 
 # (candidate file, task, expected status)
@@ -80,3 +85,23 @@ def test_runtime_error_feedback_has_the_real_error(evaluator):
     verdict = evaluator.grade("matmul", read_candidate("runtime_error_index_map_out_of_range"))
     assert "Out-of-bounds block index" in verdict.message
     assert verdict.error_type == "IndexError"
+
+
+def test_a_vmem_overflow_carries_its_figures_as_numbers(evaluator):
+    """What later consumers need is typed on the verdict (never read back from the message), and
+    survives a journal's JSON round trip."""
+    verdict = evaluator.grade("matmul", read_candidate("compile_error_vmem_overflow"), seed=0)
+    vmem, case = verdict.vmem, verdict.failing_case
+    assert verdict.status == Status.COMPILE_ERROR and vmem is not None and case is not None
+    assert vmem.need_bytes > vmem.limit_bytes and vmem.case == case.name and vmem.blocks
+    assert f"{vmem.need_bytes / MiB:.1f} MiB" in verdict.message and case.sizes() in verdict.message
+    assert Verdict.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict
+    facts = observed_facts(verdict)
+    assert (facts["need_mib"], facts["limit_mib"], facts["case"]) == (
+        f"{vmem.need_bytes / MiB:.0f}", f"{vmem.limit_bytes / MiB:.0f}", case.sizes())
+
+
+def test_a_status_outside_the_one_list_is_refused_where_it_is_made():
+    with pytest.raises(ValueError, match="not_a_status"):
+        Failure("not_a_status", "a typo in a stage")
+    assert set(STATUSES) == {s.value for s in Status} - {"pending"}

@@ -114,7 +114,7 @@ def test_the_journal_skips_a_torn_line_and_other_settings(tmp_path):
 
 # --- the command, in process; a rerun grades nothing new ------------------------------------------
 def _run(capsys, *args: str) -> tuple[int, str, str]:
-    from evaluator.cli import main
+    from cli.main import main
 
     code = main(["check-suite", f"jaxbench:{FIXTURE}", *args])
     out, err = capsys.readouterr()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from conftest import ROOT, SUITE_CACHE_ENV, TESTS
-from evaluator.cli import main
 from suites import listing, open_suite
 from suites.listing import CACHE_ENV, LoadRecord, cache_dir, lookup, store
 

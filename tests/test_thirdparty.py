@@ -42,13 +42,13 @@ def test_jax_kernel_known_limitation(evaluator, entry, split, status):
     assert verdict.status == status, f"{entry.name} on {entry.task}/{split}: {verdict.message}"
 
 
-def test_paged_attention_float32_verdicts_reproduce_with_a_fixed_seed(evaluator):
+def test_paged_attention_float32_verdicts_reproduce_with_a_fixed_seed(full_evaluator):
     """jax's paged attention rounds K and V to bfloat16 inside the kernel, which once put its
     float32 cases at the edge of the tolerance: whatever they get, a fixed seed gets it again."""
     entry = BY_NAME["jax_paged_attention"]
     task = _only_dtypes(tasks.get_task(entry.task), ("float32",))
     source = build_source(entry)
-    first, second = (evaluator.grade(task, source, split="train", seed=SEED) for _ in range(2))
+    first, second = (full_evaluator.grade(task, source, split="train", seed=SEED) for _ in range(2))
     statuses = [(c.name, c.status) for c in first.cases]
     assert all(status in ("correct", "wrong_output") for _, status in statuses), first.message
     assert statuses == [(c.name, c.status) for c in second.cases]

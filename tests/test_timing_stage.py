@@ -15,6 +15,7 @@ from evaluator.backends import get_backend
 from evaluator.grader import Evaluator
 from tasks import get_task
 from tasks.spec import case_grid
+from tests.conftest import ROOT
 
 STAND_IN = dataclasses.replace(get_backend("tpu-interpret"), name="tpu-interpret+timing",
                                times_kernels=True)
@@ -82,3 +83,22 @@ def test_a_kernel_wrong_only_at_the_timed_size_gets_no_speedup(timing_evaluator)
     assert verdict.stage == "timing" and "timed case" in verdict.message
     assert verdict.speedup is None
     assert all(c.status == "correct" for c in verdict.cases)  # every compared case passed
+
+
+def test_an_imported_task_is_timed_against_its_own_reference(timing_evaluator):
+    """A peer suite's task: the worker builds their reference with our driver (suites/driver.py
+    timed_reference) and times it beside the kernel, at a bench case here as small as a check case."""
+    from suites.resolver import TaskResolver
+
+    fixture = ROOT / "tests" / "peer_suites" / "jaxbench"
+    with TaskResolver([f"jaxbench:{fixture}"]) as resolver:
+        task = resolver.task("kernelbench-jax/level1/23_Softmax")
+        check = task.select("train", "check")[0]
+        bench = dataclasses.replace(check, name=f"{check.name}_timed", size="bench")
+        task.external.sources[bench.name] = task.external.sources[check.name]
+        task.external.described[bench.name] = task.external.described[check.name]
+        small = dataclasses.replace(task, cases=(*(c for c in task.cases if c.size == "check"), bench))
+        answer = fixture / "pallas_eval" / "generated" / "alpha" / "jaxkernelbench_level1" / "23_Softmax.py"
+        verdict = timing_evaluator.grade(small, answer.read_text(), seed=0)
+    assert verdict.status == "correct", verdict.message
+    assert list(verdict.timings) == [bench.name] and verdict.speedup is not None

@@ -3,8 +3,8 @@ processes can write one cache at once."""
 import json
 import multiprocessing
 
+from cli.main import main as evaluator_main
 from evaluator.cache import VerdictCache, cache_key
-from evaluator.cli import main as evaluator_main
 from evaluator.grader import Evaluator
 from evaluator.record import Verdict
 from tasks import get_task

@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.options import (UsageError, add_scale_options, add_suite_option, generation_for,
+                         open_resolver, resolve_tasks, scale_kwargs)
 from data_gen.journal import Journal, JournalMismatch
-from evaluator.cli import (UsageError, add_scale_options, add_suite_option, generation_for,
-                           open_suite_option, scale_kwargs, suite_tasks)
 from evaluator.record import Verdict
 from training.rebench_report import (
     GROUPS,
@@ -68,16 +68,11 @@ class ModelSpec:
         return make_chat_model(self.model, base_url=self.base_url, adapter=self.adapter)
 
 
-def benchmark_tasks(split: str, names: list[str] | None, suite: Any = None) -> list[tuple[Any, str]]:
+def benchmark_tasks(split: str, names: list[str] | None, resolver: Any) -> list[tuple[Any, str]]:
     """(task, group) pairs: train tasks on `split`; with split heldout, the held-out tasks too.
-    With a peer suite (--suite), its tasks instead of ours."""
-    from tasks import all_tasks, get_task
-
+    With a peer suite (--suite), its tasks instead of ours (cli.options.resolve_tasks)."""
     train_group, heldout_group = GROUPS
-    if suite is not None:
-        tasks = suite_tasks(suite, names)
-    else:
-        tasks = [get_task(n) for n in names] if names else all_tasks()
+    tasks = resolve_tasks(resolver, names)
     if split == "train":
         return [(t, train_group) for t in tasks if not t.heldout_task]
     return [(t, heldout_group if t.heldout_task else train_group) for t in tasks]
@@ -231,13 +226,11 @@ def report_settings(args: argparse.Namespace, evaluator: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.suite and args.ray:
-        raise ValueError("--suite with --ray is not supported: Ray actors cannot load the suite's tasks yet")
-    with open_suite_option(args.suite) as suite:
-        return _run(args, suite)
+    with open_resolver(args.suite) as resolver:
+        return _run(args, resolver)
 
 
-def _run(args: argparse.Namespace, suite: Any) -> dict[str, Any]:
+def _run(args: argparse.Namespace, resolver: Any) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -253,7 +246,7 @@ def _run(args: argparse.Namespace, suite: Any) -> dict[str, Any]:
     specs = [ModelSpec.parse(m) for m in args.models]
     if len({s.label for s in specs}) < len(specs):
         raise ValueError("two --model options share a label: give each model its own")
-    selected = {split: benchmark_tasks(split, args.tasks, suite) for split in args.splits}
+    selected = {split: benchmark_tasks(split, args.tasks, resolver) for split in args.splits}
     args.tpu = generation_for(args.tpu, [t for pairs in selected.values() for t, _ in pairs])
     conversations = [Conversation(spec.label, split, task, group, i) for spec in specs for split in args.splits
                      for task, group in selected[split] for i in range(args.samples)]
