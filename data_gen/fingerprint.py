@@ -13,6 +13,7 @@ import hashlib
 import re
 from functools import lru_cache
 
+from evaluator.digest import without_docstrings
 from evaluator.policy import parse_module
 
 
@@ -33,7 +34,7 @@ def canonical(source: str) -> str:
         tree = parse_module(source)
     except (SyntaxError, ValueError):
         return normalized(source)
-    _drop_docstrings(tree)
+    without_docstrings(tree)
     names = _bound_names(tree)
     mapping: dict[str, str] = {}
 
@@ -64,15 +65,6 @@ def canonical(source: str) -> str:
 def fingerprint(source: str) -> str:
     """A short hash of `canonical(source)`: equal for kernels that differ only cosmetically."""
     return hashlib.sha256(canonical(source).encode()).hexdigest()[:16]
-
-
-def _drop_docstrings(tree: ast.AST) -> None:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
 
 
 def _bound_names(tree: ast.AST) -> set[str]:

@@ -12,6 +12,7 @@ TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 CANDIDATES = TESTS / "candidates"
 HONEST = TESTS / "honest"
+PEER_FIXTURE = TESTS / "peer_suites" / "jaxbench"  # a JAXBench checkout in miniature, in their formats
 
 
 # CI installs every prerequisite (the README's extras, and the CI-only list in .ci/run), so
@@ -66,6 +67,40 @@ def quick_timeout_evaluator():
 
     with Evaluator(backend="tpu-interpret", workers=1, limits=Limits(step_timeout_s=8)) as ev:
         yield ev
+
+
+@pytest.fixture(scope="module")
+def suite():
+    """The fixture checkout (PEER_FIXTURE) opened as a suite."""
+    from suites import open_suite
+
+    with open_suite(f"jaxbench:{PEER_FIXTURE}") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def v6e():
+    """A grader for v6e, the generation JAXBench was tuned for."""
+    from evaluator.grader import Evaluator
+
+    with Evaluator(backend="tpu-interpret", workers=1, generation="v6e") as ev:
+        yield ev
+
+
+@pytest.fixture
+def cli(capsys):
+    """`python -m evaluator ...` in this process (tests/test_cli.py runs the real entry point once
+    per command): its exit code, stdout and stderr, as a subprocess would give them."""
+    from types import SimpleNamespace
+
+    from cli.main import main
+
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()  # drop what came before
+        code = main(list(args))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+    return run
 
 
 SUITE_CACHE_ENV = "PALLAS_KERNEL_GYM_SUITE_CACHE"  # suites.listing.CACHE_ENV (not imported here: jax)

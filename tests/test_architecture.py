@@ -5,7 +5,8 @@ upward arrow, it does not remove it)."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
+
 PACKAGES = ("tasks", "evaluator", "suites", "chat", "cli", "data_gen", "training")
 # Bottom to top: a package may import only packages before it here. The grading core
 # (evaluator) imports neither the peer suites nor the shell; suites and chat do not import each

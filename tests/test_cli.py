@@ -3,14 +3,12 @@ output), and one real `python -m evaluator` subprocess per subcommand for the en
 import json
 import subprocess
 import sys
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from cli.main import main
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+
 SOLUTION = ROOT / "tasks" / "matmul" / "solution.py"
 
 
@@ -18,17 +16,6 @@ def cli_process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
     """`python -m evaluator ...` as a user runs it."""
     return subprocess.run([sys.executable, "-m", "evaluator", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
-
-
-@pytest.fixture
-def cli(capsys):
-    """main(argv) in this process: the same returncode, stdout and stderr a subprocess gives."""
-    def run(*args: str) -> SimpleNamespace:
-        capsys.readouterr()  # drop what came before
-        code = main(list(args))
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-    return run
 
 
 def test_tasks_json_lists_the_suite(cli):

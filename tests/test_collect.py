@@ -19,8 +19,8 @@ from data_gen.pool import DEFAULT_POOL, POOL_FILE, load_pool, pool_variants
 from data_gen.sources import MutationSource, repair_key
 from data_gen.text_rules import row_violations
 from tasks import get_task
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).parent.parent
 SMALL = ["--task", "matmul", "--task", "softmax", "--max-per-task", "7", "--workers", "1"]
 
 

@@ -3,7 +3,6 @@ failing kernels that read like a model's, and the committed dataset held to all 
 import ast
 import glob
 from collections import Counter
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,8 +16,8 @@ from data_gen.pairs import verdict_json
 from data_gen.text_rules import opening, opening_share, prose, row_violations, unknown_names, violations
 from evaluator.record import Verdict
 from tasks import get_task
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).parent.parent
 KERNEL = "def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):\n    acc_ref[...] += x_ref[...]\n"
 
 

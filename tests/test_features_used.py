@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from conftest import HONEST, TESTS
+from tests.conftest import HONEST, TESTS
 from tasks import get_task
 
 TOKENS = TESTS / "token_features"

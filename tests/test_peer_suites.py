@@ -13,19 +13,18 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from conftest import TESTS
 from evaluator.compare import compare
 from suites import LoadError, open_suite
 from suites.report import check_suite, summary
 from suites.sizes import count_names, divide_counts, heldout_variants, power_of_two_floor, scaled
 from suites.source import SizeEdit, rewrite_sizes, strip_harness
+from tests.conftest import PEER_FIXTURE
 
-FIXTURE = TESTS / "peer_suites" / "jaxbench"
+FIXTURE = PEER_FIXTURE
 GEMM = "jaxbench/8p_GEMM"
 ZERO_WEIGHTS = "jaxbench/19k_Matmul_Subtract_Multiply_ReLU"
 KB_ZERO_WEIGHTS = "kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU"
@@ -76,20 +75,6 @@ class ModelNew:
             scratch_shapes=[pltpu.VMEM((BLOCK, BLOCK), jnp.float32)],
         )(x, self.weight, self.bias.reshape(1, n))
 '''
-
-
-@pytest.fixture(scope="module")
-def suite():
-    with open_suite(f"jaxbench:{FIXTURE}") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def v6e():
-    from evaluator.grader import Evaluator
-
-    with Evaluator(backend="tpu-interpret", workers=1, generation="v6e") as ev:
-        yield ev
 
 
 # --- text only: names, sizes, harness ------------------------------------------------------------
@@ -310,37 +295,23 @@ def test_the_prompt_asks_for_their_entry_point(suite):
     assert "defines `ModelNew`" in model_prompt and "class Model" in model_prompt
 
 
-@pytest.fixture
-def _cli(capsys):
-    """`python -m evaluator ...` in this process (test_cli.py runs the real entry point): its
-    exit code, stdout and stderr."""
-    from cli.main import main
-
-    def run(*args: str) -> SimpleNamespace:
-        capsys.readouterr()  # drop what came before
-        code = main(list(args))
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-    return run
-
-
-def test_cli_lists_runs_and_refuses_bad_suites(_cli, tmp_path):
-    listed = _cli("tasks", "--suite", f"jaxbench:{FIXTURE}", "--load", "--json")
+def test_cli_lists_runs_and_refuses_bad_suites(cli, tmp_path):
+    listed = cli("tasks", "--suite", f"jaxbench:{FIXTURE}", "--load", "--json")
     assert listed.returncode == 0, listed.stderr
     assert sorted(t["name"] for t in json.loads(listed.stdout) if t["status"] == "loaded") == sorted(LOADABLE)
     assert "not loaded: jaxbench/11p_Static_Group_Size" in listed.stderr
     candidate = tmp_path / "optimized.py"
     shutil.copy(FIXTURE / "benchmark/8p_GEMM/optimized.py", candidate)
-    ran = _cli("run", "--suite", f"jaxbench:{FIXTURE}", "--task", GEMM, "--candidate", str(candidate),
+    ran = cli("run", "--suite", f"jaxbench:{FIXTURE}", "--task", GEMM, "--candidate", str(candidate),
                "--seed", "0", "--json")
     assert ran.returncode == 0, ran.stderr
     verdict = json.loads(ran.stdout)
     assert verdict["status"] == "correct" and verdict["details"]["tpu_generation"] == "v6e"
     for bad, message in ((f"jaxbench:{tmp_path}/nowhere", "suite folder not found"),
                          (f"kernelbench:{FIXTURE}", "KIND:PATH"), (f"jaxbench:{tmp_path}", "not a JAXBench checkout")):
-        out = _cli("tasks", "--suite", bad)
+        out = cli("tasks", "--suite", bad)
         assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    missing = _cli("run", "--suite", f"jaxbench:{FIXTURE}", "--task", "jaxbench/11p_Static_Group_Size",
+    missing = cli("run", "--suite", f"jaxbench:{FIXTURE}", "--task", "jaxbench/11p_Static_Group_Size",
                    "--candidate", str(candidate))
     assert missing.returncode == 2 and "cannot load jaxbench/11p_Static_Group_Size" in missing.stderr
 
@@ -351,8 +322,8 @@ REAL = Path(os.environ.get("JAXBENCH", "/nonexistent"))
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (REAL / "benchmark").is_dir(), reason="set JAXBENCH to a JAXBench clone")
-def test_a_real_checkout_loads(_cli):
-    out = _cli("check-suite", f"jaxbench:{REAL}", "--json")
+def test_a_real_checkout_loads(cli):
+    out = cli("check-suite", f"jaxbench:{REAL}", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     totals = json.loads(out.stdout)["summary"]
     groups = totals["groups"]

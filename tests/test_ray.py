@@ -10,7 +10,7 @@ import pytest
 from evaluator.grader import Evaluator, Job
 from evaluator.sandbox import Limits
 from tasks import get_task
-from tests.conftest import ROOT, read_candidate, require_module
+from tests.conftest import PEER_FIXTURE, read_candidate, require_module
 
 require_module("ray", "pip install -e '.[ray]'")
 
@@ -103,7 +103,7 @@ def test_an_imported_task_grades_on_ray_from_the_command_line(on_ray, capsys):
     """--suite with --ray: the actor rebuilds the imported task from its suite (suites.open_task)."""
     from cli.main import main
 
-    fixture = ROOT / "tests" / "peer_suites" / "jaxbench"
+    fixture = PEER_FIXTURE
     code = main(["run", "--task", "jaxbench/8p_GEMM", "--candidate", str(fixture / "benchmark" / "8p_GEMM" / "optimized.py"),
                  "--suite", f"jaxbench:{fixture}", "--ray", "auto", "--seed", "0", "--json"])
     verdict = json.loads(capsys.readouterr().out)

@@ -5,11 +5,11 @@ import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
+
 CI_RUN = ROOT / ".ci" / "run"
 
 

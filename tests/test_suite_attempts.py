@@ -12,11 +12,11 @@ import json
 
 import pytest
 
-from conftest import TESTS
 from suites.attempts import Journal, Ours, Theirs, classify, discover, task_name
 from suites.attempts_report import cause, outcome
+from tests.conftest import PEER_FIXTURE
 
-FIXTURE = TESTS / "peer_suites" / "jaxbench"
+FIXTURE = PEER_FIXTURE
 SOFTMAX = "kernelbench-jax/level1/23_Softmax"
 GEMM = "kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU"
 

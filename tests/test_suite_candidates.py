@@ -15,7 +15,6 @@ import pytest
 from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.program import with_tpu_dots
-from test_peer_suites import suite, v6e  # noqa: F401  (the fixture checkout and a v6e grader)
 
 TASK = "kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU"
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from conftest import ROOT, SUITE_CACHE_ENV, TESTS
 from suites import listing, open_suite
 from suites.listing import CACHE_ENV, LoadRecord, cache_dir, lookup, store
+from tests.conftest import PEER_FIXTURE, ROOT, SUITE_CACHE_ENV
 
-FIXTURE = TESTS / "peer_suites" / "jaxbench"
+FIXTURE = PEER_FIXTURE
 GEMM = "jaxbench/8p_GEMM"
 RMSNORM = "jaxbench/12p_RMSNorm"
 LOADABLE = [GEMM, RMSNORM, "jaxbench/19k_Matmul_Subtract_Multiply_ReLU", "kernelbench-jax/level1/23_Softmax",
@@ -164,21 +164,28 @@ def test_building_a_task_fills_the_cache(tmp_path, monkeypatch):
     assert record.summary == task.summary() and set(record.cases) == {c.name for c in task.cases}
 
 
-def test_the_adapters_code_is_in_the_key(tmp_path, monkeypatch):
-    for path in [*(ROOT / "suites").glob("*.py"), ROOT / "tasks" / "spec.py"]:
+def test_the_adapters_code_is_in_the_key_and_nothing_else(tmp_path, monkeypatch):
+    """Code of the adapter (what ADAPTER_ROOTS import, tasks/spec.py with them) changes the key; a
+    comment, the report's code or the attempts' does not (evaluator/digest.py)."""
+    from evaluator import digest
+
+    for path in [*(ROOT / "suites").glob("*.py"), *(ROOT / "tasks").glob("*.py")]:
         target = tmp_path / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, target)
-    monkeypatch.setattr(listing, "ROOT", tmp_path)
+    monkeypatch.setattr(digest, "ROOT", tmp_path)
     digests = []
-    for edit in ("", "suites/sizes.py", "tasks/spec.py"):
+    for edit, text in (("", ""), ("suites/sizes.py", "EDITED = 1\n"), ("tasks/spec.py", "EDITED = 1\n"),
+                       ("suites/jaxbench.py", "# a comment\n"), ("suites/attempts.py", "EDITED = 1\n")):
         if edit:
             with open(tmp_path / edit, "a") as f:
-                f.write("\n# edited\n")
+                f.write(text)
+        digest.code_digest.cache_clear()
         listing.adapter_digest.cache_clear()
         digests.append(listing.adapter_digest())
+    digest.code_digest.cache_clear()
     listing.adapter_digest.cache_clear()
-    assert len(set(digests)) == 3
+    assert len(set(digests[:3])) == 3 and digests[2] == digests[3] == digests[4]
 
 
 def test_writes_are_atomic_and_thread_safe(tmp_path):

@@ -2,15 +2,14 @@
 the reference) agree at every case, checked without building bench-size arrays."""
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 from tasks import all_tasks
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _leaves(tree):

@@ -15,7 +15,7 @@ from evaluator.backends import get_backend
 from evaluator.grader import Evaluator
 from tasks import get_task
 from tasks.spec import case_grid
-from tests.conftest import ROOT
+from tests.conftest import PEER_FIXTURE
 
 STAND_IN = dataclasses.replace(get_backend("tpu-interpret"), name="tpu-interpret+timing",
                                times_kernels=True)
@@ -90,7 +90,7 @@ def test_an_imported_task_is_timed_against_its_own_reference(timing_evaluator):
     timed_reference) and times it beside the kernel, at a bench case here as small as a check case."""
     from suites.resolver import TaskResolver
 
-    fixture = ROOT / "tests" / "peer_suites" / "jaxbench"
+    fixture = PEER_FIXTURE
     with TaskResolver([f"jaxbench:{fixture}"]) as resolver:
         task = resolver.task("kernelbench-jax/level1/23_Softmax")
         check = task.select("train", "check")[0]
