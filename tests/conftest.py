@@ -20,6 +20,15 @@ PEER_FIXTURE = TESTS / "peer_suites" / "jaxbench"  # a JAXBench checkout in mini
 IN_CI = os.environ.get("CI") == "true"
 
 
+# Test processes under `pytest -n auto` (pyproject.toml): each holds its own warm graders and their
+# sandboxed workers (a few GiB), so more than this costs memory without saving time on most machines.
+MAX_TEST_PROCESSES = 2
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(os.cpu_count() or 1, MAX_TEST_PROCESSES))
+
+
 def require(available: bool, reason: str) -> None:
     """Skip (module level too) when a prerequisite is missing; fail instead under CI=true."""
     if available:
