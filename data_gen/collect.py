@@ -22,9 +22,11 @@ from typing import Any
 from chat.context import CONTEXTS
 from chat.models import EndpointError, make_chat_model
 from cli.options import add_scale_options, scale_kwargs
-from data_gen.dataset import ContaminationError, balance, cap_per_repair, dedupe, write_dataset
+from data_gen.dataset import ContaminationError, balance, calibrate, cap_per_edit, cap_per_repair, dedupe, \
+    write_dataset
+from data_gen.giveaways import structure
 from data_gen.journal import Journal, JournalMismatch
-from data_gen.operators import OPERATOR_NAMES, operator
+from data_gen.catalogue import OPERATOR_NAMES, operator
 from data_gen.pool import DEFAULT_POOL, PoolEntry, fresh_verdicts, load_pool, pool_variants
 from data_gen.sources import (
     ModelSource,
@@ -38,7 +40,7 @@ from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
 from tasks.spec import Task
 
-DEFAULT_MAX_PER_TASK = 12
+DEFAULT_MAX_PER_TASK = 16
 DEFAULT_BALANCE = 5
 DEFAULT_MAX_PER_REPAIR = 3
 
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=1, help="input seeds per case when grading (one failing "
                    "seed confirms a failure; a repair must pass every case on each)")
     p.add_argument("--balance", type=int, default=DEFAULT_BALANCE,
-                   help="cap on pairs per task x error class (0: no cap)")
+                   help="cap on pairs per task x failure kind (0: no cap)")
     p.add_argument("--max-per-repair", type=int, default=DEFAULT_MAX_PER_REPAIR,
                    help="cap on pairs sharing one repair kernel, up to comments, layout and names (0: no cap)")
     p.add_argument("--validation-fraction", type=float, default=0.1,
@@ -106,8 +108,9 @@ def train_tasks(names: list[str] | None) -> list[Task]:
     return tasks
 
 
-# Entries count their drops by a typed reason since format 2: an older journal is not resumed.
-JOURNAL_FORMAT = 2
+# Entries count their drops by a typed reason since format 2, and pairs carry their failure kind
+# since format 3: an older journal is not resumed.
+JOURNAL_FORMAT = 3
 
 
 def settings_of(args: argparse.Namespace, tasks: list[Task]) -> dict[str, Any]:
@@ -205,11 +208,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     attempts = [e for e in journal.entries if e.get("kind") == "attempt" and e["id"] in item_ids]
     pairs = [e["pair"] for e in attempts if e["pair"]]
     unique = dedupe(pairs)
-    rows = balance(cap_per_repair(unique, args.max_per_repair), args.balance)
+    rows = cap_per_edit(balance(cap_per_repair(unique, args.max_per_repair), args.balance))
+    if args.source == "mutation" and not args.tasks and not args.operators:
+        # the default run is calibrated to the real mix; a model's own failures are the mix they
+        # are, and a run over chosen tasks or operators asked for what it has
+        rows = calibrate(rows, kind_of=lambda r: r["failure_kind"],
+                         spread=lambda r: (r["task"], structure(r["repair_code"])))
     summary = write_dataset(rows, args.out_dir / args.name, args.name, args.validation_fraction,
                             description=_description(args))
     elapsed = time.perf_counter() - start
     report = {"attempts": len(attempts), "verified_pairs": len(pairs), "unique": len(unique), "kept": len(rows),
+              "failure_kinds": dict(summary.by_kind), "repair_structures": summary.diversity.repair_structures,
               "splits": summary.splits, "error_classes": dict(summary.by_error_class),
               "tasks": len(summary.by_task), "distinct_repairs": summary.diversity.distinct_repairs,
               "max_pairs_per_repair": summary.diversity.max_pairs_per_repair,
@@ -222,8 +231,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _description(args: argparse.Namespace) -> str:
     if args.source == "mutation":
         how = ("Failing kernels are verified correct kernels (task solutions and variant-pool kernels) with one "
-               "realistic bug injected by an AST bug operator, or two at once; the repair is the kernel the bug "
-               "went into, and the explanation describes the failing kernel as the evaluator saw it fail.")
+               "bug of a kind real models make injected by an AST bug operator of the failure catalogue, or two "
+               "at once, drawn towards GPT-5.3's real failure mix; the repair is the kernel the bug went into, and "
+               "the explanation describes the failing kernel as the evaluator saw it fail.")
     elif args.source == "model":
         how = (f"Failing kernels were written by `{args.model}`; repairs and explanations by "
                f"`{args.teacher or args.model}` from the evaluator's feedback (up to {args.max_turns} turns).")

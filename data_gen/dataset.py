@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from chat.prompts import describe_case
+from data_gen.catalogue import mix_of, real_mix, total_variation
 from data_gen.fingerprint import fingerprint
-from data_gen.mix import mix_table, semantic_share
+from data_gen.giveaways import DATASET_RULES, MAX_ROWS_PER_EDIT, ROW_RULES, dataset_giveaways, masked_edit, row_giveaways, \
+    structure
+from data_gen.mix import MAX_KIND_SHARE, TV_LIMIT, mix_table, semantic_share, target_mix
 from data_gen.text_rules import RULES, opening_share, prose, row_violations
 from tasks import get_task
 from tasks.spec import Task
@@ -75,9 +78,9 @@ def cap_per_repair(rows: list[dict], cap: int) -> list[dict]:
 
 
 def balance(rows: list[dict], cap: int) -> list[dict]:
-    """At most `cap` rows per (task, error class), chosen round-robin over origins (bug operators
+    """At most `cap` rows per (task, failure kind), chosen round-robin over origins (bug operators
     or models) so a capped cell keeps its variety. cap <= 0 keeps everything."""
-    return _capped(rows, cap, lambda r: (r["task"], r["error_class"]), lambda r: r["origin"])
+    return _capped(rows, cap, lambda r: (r["task"], r["failure_kind"]), lambda r: r["origin"])
 
 
 def _capped(rows: list[dict], cap: int, group: Callable[[dict], Hashable],
@@ -94,6 +97,44 @@ def _capped(rows: list[dict], cap: int, group: Callable[[dict], Hashable],
     return sorted(kept, key=lambda r: order[id(r)])
 
 
+def cap_per_edit(rows: list[dict], cap: int = MAX_ROWS_PER_EDIT) -> list[dict]:
+    """At most `cap` rows per (task, edit from failing to repair with numbers masked), chosen
+    round-robin over repair kernels: the same edit in the same task teaches one thing."""
+    return _capped(rows, cap, lambda r: (r["task"], masked_edit(r["failing_code"], r["repair_code"])),
+                   lambda r: fingerprint(r["repair_code"]))
+
+
+def calibrate(rows: list[dict], kind_of: Callable[[dict], str], spread: Callable[[dict], Hashable]) -> list[dict]:
+    """The largest subset of `rows` whose mix by kind is within TV_LIMIT of the real mix and has
+    no kind above MAX_KIND_SHARE, taking each kind's rows round-robin over `spread` (say, the
+    task and the repair's structure) so a trimmed kind keeps its variety. Rows keep their order. When no subset meets both (a
+    run over a few tasks), each kind is trimmed to its target share of all the rows, and the
+    card shows how far that mix is from the real one."""
+    target = target_mix()
+    by_kind: dict[str, dict[Hashable, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        by_kind[kind_of(row)][spread(row)].append(row)
+    available = {k: sum(map(len, groups.values())) for k, groups in by_kind.items()}
+
+
+    def counts_for(total: int) -> Counter[str]:
+        return Counter({k: min(n, max(1, round(target.get(k, 0.0) * total))) for k, n in available.items()
+                        if k in target})
+
+    best = counts_for(len(rows))
+    for total in range(len(rows), 0, -1):
+        counts = counts_for(total)
+        kept = sum(counts.values())
+        if kept and max(counts.values()) <= MAX_KIND_SHARE * kept and \
+                total_variation(mix_of(counts), real_mix()) <= TV_LIMIT:
+            best = counts
+            break
+    kept_rows = [r for k, groups in by_kind.items() for r in round_robin(list(groups.values()), best[k])
+                 if best[k] > 0]
+    order = {id(r): i for i, r in enumerate(rows)}
+    return sorted(kept_rows, key=lambda r: order[id(r)])
+
+
 def round_robin(queues: list[list[T]], limit: int) -> list[T]:
     """One item from each queue in turn until `limit` items are taken (limit <= 0: all of them)."""
     queues = [list(q) for q in queues]
@@ -103,6 +144,16 @@ def round_robin(queues: list[list[T]], limit: int) -> list[T]:
             if queue and (limit <= 0 or len(taken) < limit):
                 taken.append(queue.pop(0))
     return taken
+
+
+# Failure kinds whose rows all go to validation, never to train: a validation loss on kinds the
+# model never saw repaired measures transfer, not recall of a template. Both are static kinds of
+# real failures with their own error text and fix (data_gen/catalogue.py).
+VALIDATION_KINDS = ("spec_arity", "captured_constant")
+
+
+def in_validation(row: dict, val_tasks: set[str]) -> bool:
+    return row["task"] in val_tasks or row.get("failure_kind") in VALIDATION_KINDS
 
 
 def validation_tasks(tasks: list[str], fraction: float) -> set[str]:
@@ -120,6 +171,7 @@ class Diversity:
 
     pairs: int
     distinct_repairs: int
+    repair_structures: int  # distinct repairs once numbers are masked too (`giveaways.structure`)
     distinct_failing: int
     max_pairs_per_repair: int
     mean_pairs_per_repair: float
@@ -130,7 +182,8 @@ class Diversity:
         per_repair = Counter((r["task"], fingerprint(r["repair_code"])) for r in rows)
         failing = {(r["task"], fingerprint(r["failing_code"])) for r in rows}
         per_task = Counter(task for task, _ in per_repair)
-        return cls(len(rows), len(per_repair), len(failing), max(per_repair.values(), default=0),
+        structures = {(r["task"], structure(r["repair_code"])) for r in rows}
+        return cls(len(rows), len(per_repair), len(structures), len(failing), max(per_repair.values(), default=0),
                    round(len(rows) / max(1, len(per_repair)), 2), dict(sorted(per_task.items())))
 
     def table(self) -> str:
@@ -138,6 +191,7 @@ class Diversity:
             "| measure | value |", "|---|---:|",
             f"| pairs | {self.pairs} |",
             f"| distinct repair kernels | {self.distinct_repairs} |",
+            f"| distinct repair structures (numbers masked too) | {self.repair_structures} |",
             f"| pairs per repair kernel (max / mean) | {self.max_pairs_per_repair} / {self.mean_pairs_per_repair} |",
             f"| distinct failing kernels | {self.distinct_failing} |",
             f"| tasks | {len(self.repairs_per_task)} |",
@@ -153,16 +207,23 @@ class RuleCounts:
     top_opening: str
     top_opening_share: float
 
+    giveaways: dict[str, int]
+
     @classmethod
     def of(cls, rows: list[dict]) -> "RuleCounts":
         rows = [r for r in rows if len(r["messages"]) == 5]
         broken = Counter(rule for r in rows for rule in row_violations(r))
         top, share = opening_share(prose(r["messages"][4]["content"]) for r in rows)
-        return cls(len(rows), {rule: broken[rule] for rule in RULES}, top, round(share, 4))
+        given = Counter(rule for r in rows if r["source"] == "mutation"
+                        for rule in row_giveaways(r["failing_code"], r["repair_code"]))
+        given.update(dataset_giveaways(rows, lambda r: r.get("failure_kind", ""), MAX_KIND_SHARE))
+        return cls(len(rows), {rule: broken[rule] for rule in RULES}, top, round(share, 4),
+                   {rule: given[rule] for rule in ROW_RULES + DATASET_RULES})
 
     def table(self) -> str:
         lines = ["| rule | rows breaking it |", "|---|---:|"]
         lines += [f"| {rule} | {n} |" for rule, n in self.broken.items()]
+        lines += [f"| giveaway: {rule} | {n} |" for rule, n in self.giveaways.items()]
         lines.append(f"| most common opening (first 8 words, code and numbers masked): \"{self.top_opening}\" | "
                      f"{100 * self.top_opening_share:.1f}% of {self.rows} rows |")
         return "\n".join(lines)
@@ -176,6 +237,7 @@ class DatasetSummary:
     by_error_class: Counter
     by_source: Counter
     by_origin: Counter
+    by_kind: Counter
     diversity: Diversity
     rules: RuleCounts
 
@@ -189,8 +251,8 @@ def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fractio
     for row in rows:
         check_clean(row)
     val = validation_tasks(sorted({r["task"] for r in rows}), validation_fraction)
-    splits = {"train": [r for r in rows if r["task"] not in val],
-              "validation": [r for r in rows if r["task"] in val]}
+    splits = {"train": [r for r in rows if not in_validation(r, val)],
+              "validation": [r for r in rows if in_validation(r, val)]}
     data_dir = out_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     for old in data_dir.glob("*.parquet"):
@@ -201,7 +263,8 @@ def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fractio
     summary = DatasetSummary(
         out_dir, {s: len(r) for s, r in splits.items()}, Counter(r["task"] for r in rows),
         Counter(r["error_class"] for r in rows), Counter(r["source"] for r in rows),
-        Counter(r["origin"] for r in rows), Diversity.of(rows), RuleCounts.of(rows))
+        Counter(r["origin"] for r in rows), Counter(r.get("failure_kind", "") for r in rows), Diversity.of(rows),
+        RuleCounts.of(rows))
     _plot_error_classes(summary, out_dir / "error_classes.png")
     (out_dir / "README.md").write_text(dataset_card(summary, name, description, sorted(val)))
     return summary
@@ -266,13 +329,19 @@ Train only on the last message. The evaluator confirmed every pair: the failing 
 the repaired kernel passes every train case under `tpu-interpret` and lowers for TPU.
 
 - {total} pairs: {', '.join(f'{n} {s}' for s, n in summary.splits.items())}.
-- Validation holds whole tasks that train does not have: {', '.join(val_tasks) or 'none'}.
+- Validation holds whole tasks that train does not have ({', '.join(val_tasks) or 'none'}) and every
+  row of the failure kinds train never sees ({', '.join(f'`{k}`' for k in VALIDATION_KINDS)}): its loss
+  measures transfer to new tasks and new kinds of failure, not recall of a template.
 - Decontaminated: no held-out task and no held-out case appears in any row (checked on write).
-- Deduplicated on the failing kernel; capped per repair kernel and per task x error class.
-  Kernels are compared after normalising comments, docstrings, whitespace and identifier names.
+- Deduplicated on the failing kernel; capped per repair kernel, per task x failure kind and per
+  task x edit (numbers masked, at most {MAX_ROWS_PER_EDIT}). Kernels are compared after normalising
+  comments, docstrings, whitespace and identifier names.
+- Every explanation's fix is proven: it states the edit from the failing kernel to the repair
+  in the row, and the repair is graded correct on every train case.
 
 Columns: `id`, `attempt_id`, `task`, `task_version`, `level`, `case_split`, `error_class` (the failing
-kernel's verdict status), `failing_stage`, `source` (mutation / model / replay), `origin` (bug operator
+kernel's verdict status), `failure_kind` (its kind in the failure catalogue, `data_gen/catalogue.py`),
+`failing_stage`, `source` (mutation / model / replay), `origin` (bug operator
 or model), `context` (hardware context in the system prompt), `messages`, `failing_verdict` and
 `repair_verdict` (evaluator verdicts as JSON), `failing_code`, `repair_code`.
 
@@ -291,27 +360,35 @@ ds = datasets.load_dataset("datasets/{name}")
 
 {_table(summary.by_error_class, "error class")}
 
-{100 * semantic_share(summary.by_error_class):.1f}% of pairs are in the runtime classes (`wrong_output`,
-`runtime_error`): the failing kernel runs and gives wrong values or crashes, and the feedback
-does not name the fix.
+## The mix beside the real one
 
-## The mix beside published ones
+Failure kinds of this dataset's rows and of GPT-5.3's real one-shot failures on JAXBench, both
+counted by the failure catalogue (`data_gen/catalogue.py`) from their error texts. The runtime
+kinds (wrong values, out-of-bounds reads, races) read as one group here: a real TPU reports all
+three as wrong output. The target mix and its departures from the real one are stated in
+`data_gen/mix.py`: no kind above {100 * MAX_KIND_SHARE:.0f}% of the rows, the runtime kinds at about
+20% (a repair loop meets them once a kernel compiles, and their feedback does not name the fix),
+and a few percent of answers that never reach the compiler (prose in the code, a wrong entry
+point), which Gemini 3 makes and GPT-5.3 does not.
 
-Published one-shot failure mixes of model-written Pallas TPU kernels, in their categories, with
-our share of pairs for the operators that produce each (sources and caveats in
-`data_gen/mix.py`: JAXBench's EXPERIMENT.md at commit ebc95e6; MultiKernelBench, arXiv
-2507.17773, section 4.2). Real one-shot failures are mostly static (alignment, VMEM, API
-misuse); this dataset leans on runtime failures on purpose, because their feedback does not
-name the fix. Compound pairs (`compound`: two bugs, one repair) are counted in no row.
+{mix_table(summary.by_kind)}
 
-{mix_table(summary.by_origin, summary.by_error_class)}
+{100 * semantic_share(summary.by_kind):.1f}% of rows are in the runtime kinds.
 
-## Explanation rules
+## Failure kinds
+
+{_table(summary.by_kind, "failure kind")}
+
+## Explanation and giveaway rules
 
 Every explanation is checked (`data_gen/text_rules.py`) and a pair that breaks a rule is not
 kept: no local path or seed in the feedback or the explanation, no evaluator stage names, no
 history verbs (became, was removed, no longer), no 8-word run copied from the feedback, no
-names of code the failing kernel does not contain.
+names of code the failing kernel does not contain. Nor may the failing kernel and its repair
+differ beyond the fix (`data_gen/giveaways.py`): comments and docstrings differ only on the
+lines the fix changes, the failing kernel leaves no name unread and assigns nothing to itself;
+and over the dataset no kind holds more than {100 * MAX_KIND_SHARE:.0f}% of the rows and no edit
+repeats more than {MAX_ROWS_PER_EDIT} times in one task.
 
 {summary.rules.table()}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import io
-import re
 import tokenize
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,14 +45,12 @@ class Edit:
 class Site:
     """One place an operator can inject its bug, and the facts an explanation writes about.
 
-    `hints` are words the bug makes false wherever a comment or docstring says them.
     `fallbacks` are the same bug at larger magnitudes, tried in order while the first survives.
     """
 
     edits: list[Edit]
     line: int
     facts: dict[str, str] = field(default_factory=dict)
-    hints: tuple[str, ...] = ()
     fallbacks: list[Site] = field(default_factory=list)
     tidy: bool = True
 
@@ -91,8 +88,8 @@ class Mutant:
 class SourceModule:
     """A kernel's source with its AST, parent links and which functions are kernel bodies."""
 
-    def __init__(self, source: str, task: Task):
-        self.source, self.task = source, task
+    def __init__(self, source: str, task: Task | None = None):
+        self.source, self.task = source, task  # no task: a kernel read for repair, not mutation
         self.tree = parse_module(source)
         self.lines = source.splitlines(keepends=True)
         self.parent: dict[ast.AST, ast.AST] = {}
@@ -146,11 +143,11 @@ class SourceModule:
     def delete_lines(self, first: int, last: int) -> Edit:
         return Edit((first, 0), (last + 1, 0), "")
 
-    def site(self, node: ast.AST, after: str, hints: tuple[str, ...] = (), **facts: str) -> Site:
+    def site(self, node: ast.AST, after: str, **facts: str) -> Site:
         """A rewrite of one node's text; the facts always include function, line, before and after."""
         facts = dict(function=self.function_name(node), line=str(node.lineno), before=self.text(node),
                      after=after, **facts)
-        return Site([self.replace(node, after)], node.lineno, facts, hints)
+        return Site([self.replace(node, after)], node.lineno, facts)
 
     def apply(self, *sites: Site) -> tuple[str, list[dict[str, str]]]:
         """The source with every site's bug in it, and each site's facts with line numbers as
@@ -194,35 +191,22 @@ class SourceModule:
         return out
 
     def _tidy_edits(self, site: Site, protected: list[Edit]) -> list[Edit]:
-        """Drop the comments and docstrings the bug makes false: those on the edited lines, the
-        comment block just above them, and any that mention one of the site's hints."""
+        """Drop the comments on the lines the bug edits: they describe the code the repair puts
+        back, so they differ where the code differs and nowhere else (a comment elsewhere, or a
+        docstring, stays on both sides: a difference there would be a giveaway, not a fix)."""
         edited = {line for e in site.edits for line in range(e.start[0], max(e.end[0], e.start[0]) + 1)}
-        above = set()
-        for first in sorted({e.start[0] for e in site.edits}):
-            line = first - 1
-            while line >= 1 and self.lines[line - 1].lstrip().startswith("#"):
-                above.add(line)
-                line -= 1
-        hinted = (re.compile("|".join(rf"(?<![A-Za-z]){re.escape(h)}" for h in site.hints), re.IGNORECASE)
-                  if site.hints else None)
+        edited -= {e.end[0] for e in site.edits if e.deletes_lines}
         out = []
         for tok in self.comments:
             line, col = tok.start
-            text = self.lines[line - 1]
-            if line in edited - {e.end[0] for e in site.edits if e.deletes_lines}:
-                pass
-            elif not (line in above or (hinted and hinted.search(tok.string))):
+            if line not in edited:
                 continue
+            text = self.lines[line - 1]
             if text.lstrip().startswith("#"):
                 out.append(self.delete_lines(line, line))
             else:
                 code = text[:col].rstrip()
                 out.append(Edit((line, len(code.encode())), (line, len(text.rstrip("\n").encode())), ""))
-        if hinted:
-            for node in self.nodes((ast.Module, ast.FunctionDef)):
-                doc = ast.get_docstring(node, clean=False)
-                if doc and hinted.search(doc) and len(node.body) > 1:
-                    out.append(self.delete_lines(node.body[0].lineno, node.body[0].end_lineno))
         return [e for e in out if not any(_overlaps(e, s) for s in protected)]
 
     def _kernel_names(self) -> set[str]:
@@ -288,19 +272,19 @@ def dotted_name(node: ast.AST) -> str:
 class BugOperator:
     """A kind of bug and where it applies. What to say about it lives in data_gen/explanations.py.
 
-    `family` decides how much of a task's budget the operator may take: "surface" bugs are the
-    ones whose feedback names the fix (truncation, a fake import, a misspelled keyword, no
-    kernel), "static" ones fail before anything runs (lowering, VMEM), "semantic" ones run and
-    give wrong values or crash.
+    `family` says how its mutants are graded and combined: "static" bugs fail before anything runs
+    (lowering, VMEM) and are graded through the static stages only, "semantic" ones run and give
+    wrong values or crash, "surface" ones never reach the compiler (truncation, prose in the
+    code, a missing import). A compound pairs a static bug with a semantic one. Which kind of
+    failure an operator injects, and how often, is the failure catalogue's business
+    (data_gen/catalogue.py).
     """
 
     name: str
     summary: str
     find: Callable[[SourceModule], list[Site]]
     family: str = "semantic"
-    # Order in which a task's budget is spent, lowest first: 0 for bugs only a few kernels can have
-    # (manual DMA, required features), 1 for the rest.
-    priority: int = 1
+    parses: bool = True  # False for bugs in the answer's syntax (a truncation, prose in the code)
 
     @property
     def static(self) -> bool:

@@ -114,10 +114,10 @@ _STORIES: dict[str, Story] = {
          "Round the grid up with `pl.cdiv`; the overhanging rows of the last block are dropped when written.")),
     "drop_mask": Story(
         {"wrong_output": (
-            "`{kept}` is used unmasked in `{function}` (line {line}). Elements where `{cond}` is false, padding "
-            "past the true size or positions that must stay hidden, feed into the result.",
-            "Nothing in `{function}` excludes the elements where `{cond}` fails: the out-of-range (or hidden) "
-            "entries of `{kept}` are summed in with the real ones.",
+            "`{kept}` is used unmasked in `{function}` (line {line}). Elements where `{cond}` is false feed "
+            "into the result.",
+            "Nothing in `{function}` excludes the elements where `{cond}` fails: those entries of `{kept}` "
+            "are used along with the real ones.",
             "Line {line} reads `{kept}` without the mask for `{cond}`, so stale or padded values change the "
             "result on the ragged and masked cases.")},
         ("Select with `jnp.where({cond}, {kept}, {fill})` so those elements cannot contribute.",
@@ -148,26 +148,24 @@ _STORIES: dict[str, Story] = {
         {"lowering_error": r"TracerBool|boolean conversion|concrete"}),
     "drop_accumulator_init": Story(
         {"wrong_output": (
-            "`{function}` accumulates into {refs} but never resets it at the first step of the reduction axis. "
-            "Scratch memory starts with whatever it held (the previous output block's sums), so results "
-            "come out wrong or NaN.",
-            "Nothing in `{function}` initializes {refs} before the first partial result is added. VMEM scratch "
-            "is not zeroed between output blocks, so each block starts from stale values.",
-            "The accumulator {refs} is read and updated on every reduction step, but no step sets it to its "
-            "starting value.")},
-        ("Add a `@pl.when({cond})` block at the top of `{function}` that sets `{ref}` to zeros (or -inf for "
-         "a running max).",
-         "Initialize `{ref}` under `pl.when({cond})`, once per output block, before the first update.")),
+            "At the first step of the reduction axis (`{cond}`), `{function}` never sets {refs}. Scratch "
+            "memory keeps whatever the previous output block left in it, so every block after the first starts "
+            "from stale values.",
+            "Nothing in `{function}` gives {refs} its starting value: the code that runs when `{cond}` holds is "
+            "missing, and VMEM scratch is not reset between output blocks.",
+            "{refs} is read on every reduction step, but no step sets it first, so each output block inherits "
+            "the previous block's values.")},
+        ("Set it at the first step: a `@pl.when({cond})` block at the top of `{function}` that runs `{body}`{more}.",
+         "Under `@pl.when({cond})`, before the first update, run `{body}`{more}.")),
     "drop_finalize": Story(
         {"wrong_output": (
-            "`{function}` accumulates the result but never writes {refs}: the output block keeps whatever was "
-            "in the buffer.",
+            "`{function}` computes its result in scratch but never writes {refs}: the output block keeps "
+            "whatever was in the buffer.",
             "The reduction finishes in scratch and stops there: no step of `{function}` stores into {refs}, "
             "so the output is garbage.",
             "{refs} is never assigned in `{function}`, so the accumulated values never reach the output.")},
-        ("At the last reduction step, `@pl.when({cond})`, store the accumulator into `{ref}` in the output "
-         "dtype.",
-         "Add a `@pl.when({cond})` block that writes the finished value to `{ref}`.")),
+        ("At the last reduction step, under `@pl.when({cond})`, write the result: `{body}`{more}.",
+         "Add a `@pl.when({cond})` block that runs `{body}`{more}.")),
     "bf16_accumulation": Story(
         {"lowering_error/scratch": (
             "`{decl}` makes that buffer bfloat16, but the kernel stores float32 values into it. Pallas refs do "
@@ -187,22 +185,23 @@ _STORIES: dict[str, Story] = {
         {"lowering_error/scratch": r"[Ii]nvalid dtype|dtype", "lowering_error/dot": r"32-bit|acc"}),
     "no_running_max": Story(
         {"wrong_output": (
-            "`{after}` exponentiates `{x}` without subtracting `{shift}`: large logits overflow to inf, and "
-            "the online softmax, which rescales by the running max elsewhere, does not match these terms.",
-            "The exponent at line {line} is `{after}`, unshifted. Softmax terms must be relative to `{shift}` "
-            "to stay finite and consistent with the rescaling.",
-            "`{function}` takes `{after}` directly; for inputs with a large range this overflows, giving inf "
-            "and NaN.")},
+            "`{after}` exponentiates `{x}` without subtracting `{shift}`, while the rest of `{function}` "
+            "treats its terms as relative to `{shift}`: the terms and their normalisation disagree, so the "
+            "result is wrong.",
+            "The exponent at line {line} is `{after}`, unshifted. The softmax terms must be relative to "
+            "`{shift}` to match the sums and the rescaling they are combined with.",
+            "`{function}` takes `{after}` directly, so these terms carry a factor `exp({shift})` that the "
+            "normalisation does not.")},
         ("Use `jnp.exp({x} - {shift})`, so every exponent is at most 0.",
          "Subtract `{shift}` inside the exponent.")),
     "off_by_one_comparison": Story(
         {"wrong_output": (
-            "`{after}` at line {line} puts the boundary element on the wrong side ({new_op} where {op} is "
-            "needed): the diagonal of a causal mask, or the last valid position of a ragged edge.",
+            "`{after}` at line {line} uses `{new_op}` where `{op}` is needed, so the element exactly at the "
+            "boundary lands on the wrong side of it.",
             "The comparison `{after}` is off by one: with `{new_op}` the element exactly at the boundary is "
-            "included (or excluded) when the reference does the opposite.",
-            "Line {line} compares with `{new_op}`. That includes or drops exactly one row or column at the "
-            "edge, so the ragged or causal cases differ from the reference.")},
+            "treated the opposite way from the reference.",
+            "Line {line} compares with `{new_op}`. That moves exactly one row or column across the boundary, "
+            "so the cases that reach it differ from the reference.")},
         ("Compare with `{op}`, which includes exactly the positions the reference includes.",
          "Use `{before}`.")),
     "dma_never_waited": Story(
@@ -372,6 +371,129 @@ _STORIES: dict[str, Story] = {
          for s in ("work_outside_kernel", "compile_error", "lowering_error")},
         ("Put the arithmetic in the kernel body; outside it only pad, reshape and slice.",
          "Do the computation inside the Pallas kernel instead of copying a finished result.")),
+    "literal_block_size": Story(
+        {"lowering_error": (
+            "`{name}` is the literal {value} (line {line}), and the BlockSpecs use it as a block dimension. TPU "
+            "blocks are whole (8, 128) tiles: {value} is not a multiple of the tile along that dim and not the "
+            "array's full size, so lowering fails.",
+            "The block size {value} at line {line} reads like a round number, but Mosaic needs the last two dims "
+            "of a block to be multiples of 8 and 128 unless they span the full array dim, and {value} is neither.",
+            "`{source_line}` fixes `{name}` at {value}. A block dimension of {value} does not fill whole (8, 128) "
+            "tiles, so the kernel cannot be tiled for the TPU.")},
+        ("Compute `{name}` from the array's shape instead of a literal: a whole number of tiles along its "
+         "dim, capped by the array's size, or the full dim.",
+         "Derive `{name}` from the shape, aligned to the tile along its dim unless it spans the full dim, "
+         "rather than writing a round number."),
+        {"lowering_error": r"divisible by 8 and 128"}),
+    "oversized_block": Story(
+        {"compile_error": (
+            "`{name}` is the literal {value} (line {line}). At the largest bench shape, blocks that size need "
+            "about {need_mib} MiB of VMEM with double buffering, more than the {limit_mib} MiB available.",
+            "A block of {value} rows (`{source_line}`) is too large for VMEM at the bench sizes: about "
+            "{need_mib} MiB against a budget of {limit_mib} MiB.",
+            "With `{name}` = {value}, each pipelined operand holds two blocks that size, and at the bench shape "
+            "they add up to roughly {need_mib} MiB, over the {limit_mib} MiB of VMEM.")},
+        ("Size `{name}` from the shape and a VMEM budget instead of a literal: more grid steps, each one "
+         "fitting in VMEM.",
+         "Derive `{name}` from the array's shape, capped so the blocks fit in VMEM; smaller blocks only add "
+         "grid steps."),
+        {"compile_error": r"needs at least [\d.]+ MiB of VMEM"}),
+    "traced_slice": Story(
+        {"lowering_error": (
+            "`{lo}:` ... at line {line} slices with Python slice syntax, but `{lo}` is a traced value inside "
+            "the kernel, and a Python slice needs its bounds while the kernel is traced.",
+            "The slice at line {line} starts at `{lo}`, which is only known when the kernel runs; Python "
+            "slicing of a ref cannot take a traced bound.",
+            "Line {line} indexes with `{lo}:...`, a slice whose start is traced. Dynamic offsets into a ref "
+            "are written with `pl.ds`.")},
+        ("Use `pl.ds({lo}, {size})`: a dynamic start with a static size.",
+         "Index with `pl.ds({lo}, {size})` instead of a Python slice."),
+        {"lowering_error": r"TracerBool|boolean conversion|slice indices|__index__|concrete"}),
+    "traced_value_slice": Story(
+        {"lowering_error": (
+            "`{ref}[...][{lo}:...]` at line {line} loads the whole block and then slices the array in Python, "
+            "with a start that is traced inside the kernel; a jax array's Python slice needs static bounds.",
+            "Line {line} slices a loaded array at `{lo}`, a value known only when the kernel runs, and Python "
+            "slicing of an array cannot take a traced bound.",
+            "The slice at line {line} starts at the traced `{lo}`. Dynamic windows are read from the ref with "
+            "`pl.ds`, not cut from a loaded array.")},
+        ("Read the window from the ref: `{ref}[pl.ds({lo}, {size})]`.",
+         "Index the ref with `pl.ds({lo}, {size})` instead of loading it whole and slicing."),
+        {"lowering_error": r"[Ss]lice (indices|entries) must|__index__|concrete|TracerInteger|TracerBool|boolean conversion"}),
+    "missing_in_spec": Story(
+        {"lowering_error": (
+            "The `pl.pallas_call` in `{function}` gets {count} operands but its `in_specs` list has one "
+            "BlockSpec fewer: the last operand has no spec.",
+            "`in_specs` at line {line} must hold one BlockSpec per operand passed to the kernel, and it is "
+            "one short, so the specs and the inputs do not match.",
+            "One operand of the call in `{function}` is left without a BlockSpec: `in_specs` lists fewer "
+            "specs than the call has inputs.")},
+        ("Add the missing spec for the last operand, `{dropped}`, at the end of `in_specs`.",
+         "Give the last operand its BlockSpec again: `{dropped}`."),
+        {"lowering_error": r"in_specs"}),
+    "captured_constant": Story(
+        {"lowering_error": (
+            "`{param}` is bound into the kernel as `jnp.float32({value})`, a jax array. The kernel then "
+            "closes over an array constant, which `pallas_call` refuses: kernel operands must come in as refs.",
+            "At line {line}, `functools.partial` passes `{param}` as a jax array. A Pallas kernel may not "
+            "capture array constants; a Python float is folded into the kernel as a literal instead.",
+            "Wrapping `{param}` in `jnp.float32(...)` (line {line}) makes it an array the kernel captures, "
+            "and captured constants are an error in a Pallas kernel.")},
+        ("Pass the plain Python number: `{param}={value}`.",
+         "Bind `{param}={value}` as a Python scalar; it becomes a constant in the kernel."),
+        {"lowering_error": r"captures constants"}),
+    "dropped_keepdims": Story(
+        {"lowering_error": (
+            "`{source_line}` reduces over axis {axis} without `keepdims=True`: the result has one dim fewer "
+            "than the block it is combined with or stored into, so the shapes do not agree.",
+            "The `{reduction}` at line {line} drops the reduced axis, and the code uses its result as if that "
+            "axis were still there: a [rows] vector where a [rows, 1] column belongs.",
+            "Line {line}'s reduction returns a result of lower rank than the code expects, so combining or "
+            "storing it fails on the shapes.")},
+        ("Keep the reduced axis: `{before}`.", "Add `keepdims=True` to the reduction: `{before}`."),
+        {"lowering_error": r"[Ii]ncompatible shapes|broadcast|Invalid shape"}),
+    "transposed_operand": Story(
+        {"lowering_error": (
+            "`{after}` at line {line} transposes the right operand, so its contracting dim does not match "
+            "the left operand's last dim.",
+            "The matmul at line {line} contracts the left operand's columns with the rows of `{after}`, and "
+            "after the `.T` those sizes differ.",
+            "The blocks already have the layout the matmul needs; the `.T` on `{operand}` at line {line} "
+            "swaps its dims and breaks the contraction.")},
+        ("Use `{operand}` as it is, without `.T`.", "Drop the transpose: `jnp.dot(..., {operand}, ...)`."),
+        {"lowering_error": r"dot_general requires contracting"}),
+    "triton_primitive": Story(
+        {"lowering_error": (
+            "`pl.broadcast_to` at line {line} is a primitive of the GPU (Triton) backend of Pallas, and the "
+            "TPU lowering does not have it.",
+            "Line {line} uses `pl.broadcast_to`, which only exists for Pallas on GPU.")},
+        ("Build the value with `jax.numpy` (`{old}`), which works inside TPU kernels.",
+         "Write `{old}` instead; `pl.broadcast_to` exists only for Pallas on GPU."),
+        {"lowering_error": r"Triton"}),
+    "missing_import": Story(
+        {s: (
+            "The module uses `{name}` but never imports it, so the first line that needs it raises a NameError.",
+            "`{name}` is not defined: the import it needs (`{statement}`) is missing from the top of the "
+            "module.",
+            "Nothing in the module binds `{name}`, which the code uses, so it fails as soon as that code runs.")
+         for s in ("import_error", "lowering_error")},
+        ("Add `{statement}` with the other imports.", "Import it: `{statement}`."),
+        {"import_error": r"is not defined", "lowering_error": r"is not defined"}),
+    "wrong_entry_point": Story(
+        {"import_error": (
+            "The entry point is called `{name}` (line {line}); the grader calls a function named `kernel`, and "
+            "the module defines none.",
+            "`{name}` is the right function under the wrong name: the required entry point is `kernel`.")},
+        ("Name the function `kernel`.", "Rename `{name}` to `kernel`."),
+        {"import_error": r"callable `kernel`"}),
+    "prose_in_code": Story(
+        {"syntax_error": (
+            "Line {line} of the code block is a sentence, `{text}`, not Python, so the module does not parse.",
+            "The code block carries prose at line {line} (`{text}`); everything inside the fence must be "
+            "code.")},
+        ("Keep explanations outside the code block, or make them `#` comments.",
+         "Remove the prose line from the code."),
+        {"syntax_error": r"invalid syntax"}),
 }
 
 _DRIFT = {

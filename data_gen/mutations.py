@@ -8,11 +8,13 @@ with a semantic one on lines apart.
 """
 from __future__ import annotations
 
+import ast
 import random
 from dataclasses import replace
 
 from data_gen.edits import BugOperator, Mutant, Site, SourceModule
-from data_gen.operators import OPERATORS, operator
+from data_gen.giveaways import leftovers
+from data_gen.catalogue import OPERATORS, operator
 from evaluator.policy import parse_module
 from tasks.spec import Task
 
@@ -28,7 +30,7 @@ def mutants(task: Task, operators: tuple[BugOperator, ...] = OPERATORS, kernel: 
     for op in operators:
         for index, site in enumerate(op.find(module)):
             mutant = _mutant(module, op.name, index, site, variant, variant_key)
-            if mutant.source in seen or (_spans_lines(site) and not _parses(mutant)):
+            if mutant is None or mutant.source in seen or (op.parses and _spans_lines(site) and not _parses(mutant)):
                 continue
             seen.add(mutant.source)
             out.append(mutant)
@@ -41,20 +43,84 @@ def _spans_lines(site: Site) -> bool:
     return any(e.start[0] != e.end[0] or "\n" in e.text for e in site.edits)
 
 
-def _parses(mutant: Mutant) -> bool:
-    """A bug is in the code, not in its syntax (a truncated answer aside)."""
-    if mutant.operator == "truncated_answer":
-        return True
+def _source_parses(source: str) -> bool:
     try:
-        parse_module(mutant.source)
+        parse_module(source)
     except SyntaxError:
         return False
     return True
 
 
-def _mutant(module: SourceModule, op: str, index: int, site: Site, variant: str, key: str) -> Mutant:
-    source, (facts,) = module.apply(site)
-    fallbacks = tuple(_mutant(module, op, index, s, variant, key) for s in site.fallbacks)
+def _parses(mutant: Mutant) -> bool:
+    """A bug is in the code, not in its syntax (a truncated answer aside)."""
+    if mutant.operator != COMPOUND and not operator(mutant.operator).parses:
+        return True
+    return _source_parses(mutant.source)
+
+
+def without_leftovers(module: SourceModule, site: Site) -> Site | None:
+    """The site, grown so the bug leaves no trace of the code it replaced: a name the bug leaves
+    unread loses its assignment (or its helper function), and `x = x` goes as a whole statement.
+    None when a leftover cannot be removed that way: such a mutant would teach a model to spot the
+    leftover instead of the bug."""
+    read = {n.id for n in module.all_nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    for _ in range(4):
+        try:
+            tree = parse_module(module.apply(site)[0])
+        except SyntaxError:
+            return site  # a bug in the syntax itself: nothing to read
+        unread, selfs = leftovers(tree)
+        dead = unread & read
+        if not dead and not selfs:
+            return site
+        grown = _grow(module, site, dead, selfs)
+        if grown is None:
+            return None
+        site = grown
+    return None
+
+
+def _grow(module: SourceModule, site: Site, dead: set[str], selfs: set[str]) -> Site | None:
+    """Delete, in the kernel the site edits, the bindings of `dead` and the statements that
+    become `x = x` (for those, the site's own edit goes with the statement)."""
+    edits = list(site.edits)
+    for node in module.all_nodes:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+        elif isinstance(node, ast.FunctionDef) and not node.decorator_list:
+            name = node.name
+        else:
+            continue
+        inside = [e for e in edits if (node.lineno, node.col_offset) <= e.start and e.end <= (
+            node.end_lineno, node.end_col_offset)]
+        if name in selfs and inside:
+            edits = [e for e in edits if e not in inside]
+        elif name not in dead or inside:
+            continue
+        if _shares_lines(module, node):
+            return None
+        edits.append(module.delete_lines(node.lineno, node.end_lineno))
+        dead.discard(name)
+        selfs.discard(name)
+    if dead or selfs:
+        return None
+    return replace(site, edits=edits)
+
+
+def _shares_lines(module: SourceModule, node: ast.stmt) -> bool:
+    """Whether the statement shares a line with other code (`a = 1; b = 2`)."""
+    first, last = module.lines[node.lineno - 1], module.lines[node.end_lineno - 1]
+    return bool(first[:node.col_offset].strip()) or bool(last.encode()[node.end_col_offset:].decode().split("#")[0].strip())
+
+
+def _mutant(module: SourceModule, op: str, index: int, site: Site, variant: str, key: str) -> Mutant | None:
+    grown = without_leftovers(module, site) if operator(op).parses else site  # a syntax bug has no names to read
+    if grown is None:
+        return None
+    source, (facts,) = module.apply(grown)
+    if grown.edits != site.edits and operator(op).parses and not _source_parses(source):
+        return None  # a deletion left a body empty
+    fallbacks = tuple(f for s in site.fallbacks if (f := _mutant(module, op, index, s, variant, key)))
     return Mutant(module.task.name, op, index, source, int(facts.get("line", site.line)), facts, variant, key,
                   fallbacks)
 
@@ -95,8 +161,11 @@ def _static_sites(module: SourceModule, other: Site) -> list[tuple[BugOperator, 
 def _combine(module: SourceModule, first: tuple[BugOperator, int, Site], second: tuple[BugOperator, int, Site],
              variant: str, variant_key: str, index: int) -> Mutant | None:
     (op_a, i, a), (op_b, j, b) = first, second
-    source, (facts_a, facts_b) = module.apply(a, b)
+    grown = [without_leftovers(module, a), without_leftovers(module, b)]
     parts = tuple(_mutant(module, op.name, k, site, variant, variant_key) for op, k, site in ((op_a, i, a), (op_b, j, b)))
+    if None in grown or None in parts:
+        return None
+    source, (facts_a, facts_b) = module.apply(*grown)
     combined = Mutant(module.task.name, COMPOUND, index, source, int(facts_a["line"]), {}, variant, variant_key,
                       parts=(replace(parts[0], facts=facts_a, line=int(facts_a["line"])),
                              replace(parts[1], facts=facts_b, line=int(facts_b["line"]))))

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 from chat.prompts import reference_source
 from data_gen.edits import TRUNCATION_MARK, BugOperator, Edit, Site, SourceModule, dotted_name
+from data_gen.repairers import STANDARD_IMPORTS
 
 # --- site finders, one per operator --------------------------------------------------------------
 
@@ -57,7 +58,7 @@ def find_misaligned_block(m: SourceModule) -> list[Site]:
     for c in _block_constants(m):
         new = round_block(c.value)
         name = _constant_name(m, c)
-        sites.append(m.site(c, str(new), hints=(str(c.value),), value=str(new), good=str(c.value),
+        sites.append(m.site(c, str(new), value=str(new), good=str(c.value),
                             name=name or str(new)))
     return sites
 
@@ -69,7 +70,7 @@ def find_vmem_overallocation(m: SourceModule) -> list[Site]:
         if c.value < 256:
             continue
         name = _constant_name(m, c)
-        ladder = [m.site(c, str(c.value * f), hints=(str(c.value),), value=str(c.value * f),
+        ladder = [m.site(c, str(c.value * f), value=str(c.value * f),
                          good=str(c.value), name=name or str(c.value * f)) for f in (2, 4, 8)]
         ladder[0].fallbacks = ladder[1:]
         sites.append(ladder[0])
@@ -122,7 +123,7 @@ def _kernel_wheres(m: SourceModule) -> Iterator[ast.Call]:
 
 
 def find_drop_mask(m: SourceModule) -> list[Site]:
-    return [m.site(c, m.text(c.args[1]), hints=("mask",), cond=m.text(c.args[0]), kept=m.text(c.args[1]),
+    return [m.site(c, m.text(c.args[1]), cond=m.text(c.args[0]), kept=m.text(c.args[1]),
                    fill=m.text(c.args[2]))
             for c in _kernel_wheres(m)]
 
@@ -149,15 +150,14 @@ def _stored_refs(func: ast.FunctionDef) -> list[str]:
                    and isinstance(t.ctx, ast.Store) and dotted_name(t.value)})
 
 
-def _delete_when_block(m: SourceModule, func: ast.FunctionDef, cond: ast.expr, hints: tuple[str, ...],
+def _delete_when_block(m: SourceModule, func: ast.FunctionDef, cond: ast.expr,
                        **facts: str) -> Site | None:
     parent = m.parent.get(func)
     if parent is None or len(getattr(parent, "body", [])) < 2:
         return None  # deleting the only statement would leave an empty body
     first = min(d.lineno for d in func.decorator_list)
     return Site([m.delete_lines(first, func.end_lineno)], first,
-                dict(function=m.function_name(func), line=str(first), cond=m.text(cond), **facts),
-                hints=(func.name, *hints))
+                dict(function=m.function_name(func), line=str(first), cond=m.text(cond), **facts))
 
 
 def _in_code(m: SourceModule, name: str, skip: ast.FunctionDef) -> bool:
@@ -167,14 +167,27 @@ def _in_code(m: SourceModule, name: str, skip: ast.FunctionDef) -> bool:
     return re.search(rf"\b{re.escape(name)}\b", rest) is not None
 
 
+def _body_text(m: SourceModule, func: ast.FunctionDef) -> dict[str, str]:
+    """The statements of a deleted block as code quoted in one sentence, what the fix writes back:
+    all of them when they are short, else the stores into refs, with `more` saying so."""
+    body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    text = "; ".join(" ".join(m.text(s).split()) for s in body)
+    if len(text) <= 160 and not any(isinstance(s, (ast.FunctionDef, ast.For, ast.While)) for s in body):
+        return dict(body=text, more="")
+    stores = [s for s in body if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Subscript)]
+    return dict(body="; ".join(" ".join(m.text(s).split()) for s in stores) or text,
+                more=", with the computation that block does around it" if stores else "")
+
+
 def find_drop_accumulator_init(m: SourceModule) -> list[Site]:
     sites = []
     for func, cond in _when_blocks(m):
         if "== 0" in m.text(cond) or "init" in func.name:
             refs = [r for r in _stored_refs(func) if _in_code(m, r, func)]
             if refs:
-                sites.append(_delete_when_block(m, func, cond, ("_init", "initiali", "reset", "zeroed", "first step"),
-                                                refs=", ".join(f"`{r}`" for r in refs), ref=refs[0]))
+                sites.append(_delete_when_block(m, func, cond,
+                                                refs=", ".join(f"`{r}`" for r in refs), ref=refs[0],
+                                                **_body_text(m, func)))
     return [s for s in sites if s]
 
 
@@ -184,8 +197,9 @@ def find_drop_finalize(m: SourceModule) -> list[Site]:
         if "num_programs" in m.text(cond) and "init" not in func.name:
             outs = [r for r in _stored_refs(func) if _in_code(m, r, func)]
             if outs:
-                sites.append(_delete_when_block(m, func, cond, ("_finish", "_store", "finali", "last step"),
-                                                refs=", ".join(f"`{r}`" for r in outs), ref=outs[0]))
+                sites.append(_delete_when_block(m, func, cond,
+                                                refs=", ".join(f"`{r}`" for r in outs), ref=outs[0],
+                                                **_body_text(m, func)))
     return [s for s in sites if s]
 
 
@@ -193,18 +207,16 @@ def find_bf16_accumulation(m: SourceModule) -> list[Site]:
     sites = []
     for call in m.calls("pltpu.VMEM"):
         if len(call.args) == 2 and dotted_name(call.args[1]) == "jnp.float32":
-            sites.append(m.site(call.args[1], "jnp.bfloat16", hints=("float32", "f32"),
-                                where="scratch", decl=m.text(call).replace("jnp.float32", "jnp.bfloat16")))
+            sites.append(m.site(call.args[1], "jnp.bfloat16", where="scratch", decl=m.text(call).replace("jnp.float32", "jnp.bfloat16")))
     for kw in m.nodes(ast.keyword):
         if kw.arg == "preferred_element_type" and dotted_name(kw.value) == "jnp.float32":
-            sites.append(m.site(kw.value, "jnp.bfloat16", hints=("float32", "f32"), where="dot",
+            sites.append(m.site(kw.value, "jnp.bfloat16", where="dot",
                                 decl="preferred_element_type=jnp.bfloat16"))
     return sites
 
 
 def find_no_running_max(m: SourceModule) -> list[Site]:
-    return [m.site(c, f"jnp.exp({m.text(c.args[0].left)})", hints=("max", "overflow"),
-                   shift=m.text(c.args[0].right), x=m.text(c.args[0].left))
+    return [m.site(c, f"jnp.exp({m.text(c.args[0].left)})", shift=m.text(c.args[0].right), x=m.text(c.args[0].left))
             for c in m.calls("jnp.exp")
             if len(c.args) == 1 and isinstance(c.args[0], ast.BinOp) and isinstance(c.args[0].op, ast.Sub)
             and m.in_kernel(c)]
@@ -232,12 +244,12 @@ def find_dma_never_waited(m: SourceModule) -> list[Site]:
                 and len(getattr(m.parent.get(node), "body", [])) >= 2):
             sites.append(Site([m.delete_lines(node.lineno, node.end_lineno)], node.lineno,
                               dict(function=m.function_name(node), line=str(node.lineno),
-                                   copy=m.text(call.func.value)), hints=("wait",)))
+                                   copy=m.text(call.func.value))))
     return sites
 
 
 def find_double_buffer_race(m: SourceModule) -> list[Site]:
-    return [m.site(node, m.text(node.right), hints=("other slot", "other buffer"), slot=m.text(node.right))
+    return [m.site(node, m.text(node.right), slot=m.text(node.right))
             for node in m.nodes(ast.BinOp)
             if isinstance(node.op, ast.Sub) and isinstance(node.left, ast.Constant) and node.left.value == 1
             and "slot" in m.text(node.right)]
@@ -250,8 +262,7 @@ def find_no_parallel_axis(m: SourceModule) -> list[Site]:
     for kw in m.nodes(ast.keyword):
         if kw.arg == "dimension_semantics" and isinstance(kw.value, ast.Tuple):
             n = len(kw.value.elts)
-            sites.append(m.site(kw.value, "(" + ", ".join(['"arbitrary"'] * n) + ("," if n == 1 else "") + ")",
-                                hints=("parallel",)))
+            sites.append(m.site(kw.value, "(" + ", ".join(['"arbitrary"'] * n) + ("," if n == 1 else "") + ")"))
     return sites
 
 
@@ -315,7 +326,7 @@ def find_scalar_store(m: SourceModule) -> list[Site]:
                 ref = dotted_name(target.value)
                 value = m.text(node.value).replace(m.text(call), f"{dotted_name(call.func)}({m.text(call.args[0])})", 1)
                 after = f"{ref}[0, 0] = {value}"
-                sites.append(m.site(node, after, hints=("keepdims",), ref=ref,
+                sites.append(m.site(node, after, ref=ref,
                                     reduction=dotted_name(call.func)))
                 break
     return sites
@@ -329,15 +340,21 @@ def find_truncated_answer(m: SourceModule) -> list[Site]:
         return []
     sites = []
     for share in (0.7, 0.85):
-        line = next(n for n in code[int(len(code) * share):] + code
-                    if len(re.findall(r"\w+", m.lines[n - 1])) >= 4)
+        line = next((n for n in code[int(len(code) * share):] + code
+                     if len(re.findall(r"\w+", _code_part(m.lines[n - 1]))) >= 4), None)
+        if line is None:
+            return sites
         text = m.lines[line - 1].rstrip("\n")
-        words = [mt.end() for mt in re.finditer(r"\w+", text)]
+        words = [mt.end() for mt in re.finditer(r"\w+", _code_part(text))]  # a cut in a comment would still parse
         cut = words[len(words) // 2]
         sites.append(Site([Edit((line, len(text[:cut].encode())), (len(m.lines) + 1, 0), TRUNCATION_MARK)], line,
                           dict(function=_function_at(m, line), line=str(line), last=text[:cut].strip()),
                           tidy=False))
     return sites
+
+
+def _code_part(line: str) -> str:
+    return line.split("#")[0]
 
 
 def _function_at(m: SourceModule, line: int) -> str:
@@ -429,7 +446,7 @@ def find_overwrite_accumulator(m: SourceModule) -> list[Site]:
             target = m.text(node.target)
             after = m.text(node).replace(f"{target} +=", f"{target} =", 1)
             if after != m.text(node):
-                sites.append(m.site(node, after, hints=("accumulat",), acc=dotted_name(node.target.value)))
+                sites.append(m.site(node, after, acc=dotted_name(node.target.value)))
     return sites
 
 
@@ -440,7 +457,7 @@ def find_missing_scale(m: SourceModule) -> list[Site]:
         if isinstance(node.op, ast.Mult) and m.in_kernel(node):
             for keep, drop in ((node.left, node.right), (node.right, node.left)):
                 if "scale" in m.text(drop) and "scale" not in m.text(keep) and len(m.text(drop)) < 40:
-                    sites.append(m.site(node, m.text(keep), hints=("scale",), factor=m.text(drop),
+                    sites.append(m.site(node, m.text(keep), factor=m.text(drop),
                                         kept=m.text(keep)))
                     break
     return sites
@@ -459,8 +476,7 @@ def find_wrong_derivative(m: SourceModule) -> list[Site]:
         target = parent.targets[0] if isinstance(parent, ast.Assign) else None
         grad = isinstance(target, ast.Name) and "grad" in target.id
         if (isinstance(node.op, ast.Sub) and "delta" in m.text(node.right)) or grad:
-            sites.append(m.site(node, m.text(node.left), hints=("- delta", "dp - ") if not grad else ("product rule",),
-                                term=m.text(node.right), kept=m.text(node.left),
+            sites.append(m.site(node, m.text(node.left), term=m.text(node.right), kept=m.text(node.left),
                                 target=target.id if grad else ""))
     return sites
 
@@ -501,8 +517,7 @@ def find_whole_array_block(m: SourceModule) -> list[Site]:
             semantics = _pallas_keyword(params, "dimension_semantics")
             if semantics is not None:
                 edits.append(_keyword_edit(m, semantics))
-        sites.append(Site(edits, call.lineno, dict(function=m.function_name(call), line=str(call.lineno)),
-                          hints=("grid", "block", "tile", "step")))
+        sites.append(Site(edits, call.lineno, dict(function=m.function_name(call), line=str(call.lineno))))
     return sites
 
 
@@ -516,8 +531,7 @@ def find_unsliced_padding(m: SourceModule) -> list[Site]:
             if (isinstance(node, ast.Return) and isinstance(node.value, ast.Subscript)
                     and isinstance(node.value.slice, (ast.Slice, ast.Tuple))
                     and isinstance(node.value.value, (ast.Name, ast.Call))):
-                sites.append(m.site(node.value, m.text(node.value.value), hints=("slice", "padd"),
-                                    padded=m.text(node.value.value), sliced=m.text(node.value)))
+                sites.append(m.site(node.value, m.text(node.value.value), padded=m.text(node.value.value), sliced=m.text(node.value)))
     return sites
 
 
@@ -571,9 +585,224 @@ def find_copy_kernel_shortcut(m: SourceModule) -> list[Site]:
     return [Site([Edit((1, 0), (len(m.lines) + 1, 0), source)], 1, dict(function="kernel", line="1"), tidy=False)]
 
 
+def _block_shape_names(m: SourceModule) -> Iterator[tuple[ast.Name, int]]:
+    """Names in the last two places of a BlockSpec's block shape, with their place (-2 or -1)."""
+    for call in m.calls("pl.BlockSpec"):
+        shape = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "block_shape"), None)
+        if isinstance(shape, ast.Tuple) and len(shape.elts) >= 2:
+            for place in (-2, -1):
+                if isinstance(shape.elts[place], ast.Name):
+                    yield shape.elts[place], place
+
+
+def _block_bindings(m: SourceModule) -> list[tuple[ast.expr, str, int]]:
+    """Where each block-size name used by a BlockSpec gets its value, once per binding: the
+    right side of a local assignment, or the keyword argument a call passes for a parameter.
+    Returns (value node, name, place in the block shape)."""
+    out, seen = [], set()
+    for name, place in _block_shape_names(m):
+        func = m.function_of(name)
+        if func is None:
+            continue
+        values = [n.value for n in ast.walk(func) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                  and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name.id]
+        params = {a.arg for a in func.args.args + func.args.kwonlyargs}
+        if not values and name.id in params:
+            values = [k.value for c in m.nodes(ast.Call) if dotted_name(c.func) == func.name
+                      for k in c.keywords if k.arg == name.id]
+        for value in values:
+            if not isinstance(value, ast.Constant) and id(value) not in seen:
+                seen.add(id(value))
+                out.append((value, name.id, place))
+    return out
+
+
+_ROUND_SIZES = (100, 250, 500, 200, 1000)
+
+
+def find_literal_block_size(m: SourceModule) -> list[Site]:
+    """A block size written as a round literal (100, 250, 500): no multiple of the (8, 128) tile."""
+    sites = []
+    for value, name, place in _block_bindings(m):
+        options = [v for v in _ROUND_SIZES if v % (8 if place == -2 else 128)]
+        new = _stable_pick([str(v) for v in options], f"{m.task.name}:{name}:{value.lineno}")
+        sites.append(m.site(value, new, name=name, value=new))
+    return sites
+
+
+def find_oversized_block(m: SourceModule) -> list[Site]:
+    """A block size written as a large literal, for fewer grid steps: 2048, else 4096, else 8192
+    rows, the smallest the VMEM budget refuses at the bench sizes."""
+    sites = []
+    for value, name, place in _block_bindings(m):
+        if place != -2:
+            continue
+        ladder = [m.site(value, str(v), name=name, value=str(v))
+                  for v in (2048, 4096, 8192)]
+        ladder[0].fallbacks = ladder[1:]
+        sites.append(ladder[0])
+    return sites
+
+
+def find_traced_slice(m: SourceModule) -> list[Site]:
+    """`ref[pl.ds(start, size)]` written as a Python slice `ref[start:start + size]`, whose
+    bounds are traced values inside the kernel."""
+    sites = []
+    for call in m.calls("pl.ds"):
+        if len(call.args) == 2 and not call.keywords and m.in_kernel(call) and isinstance(m.parent.get(call),
+                                                                                          (ast.Subscript, ast.Tuple)):
+            start, size = (m.text(a) for a in call.args)
+            if isinstance(call.args[0], ast.Constant):
+                continue  # a static start is a legal Python slice
+            wrapped = f"({start})" if isinstance(call.args[0], ast.BinOp) else start
+            sites.append(m.site(call, f"{start}:{wrapped} + {size}", lo=start, size=size))
+    return sites
+
+
+def find_traced_value_slice(m: SourceModule) -> list[Site]:
+    """`ref[pl.ds(start, size)]` written as a load of the whole block sliced in Python,
+    `ref[...][start:start + size]`: a jax array cannot take a traced slice bound."""
+    sites = []
+    for node in m.nodes(ast.Subscript):
+        if not (isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name) and m.in_kernel(node)):
+            continue
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        calls = [p for p in parts if isinstance(p, ast.Call) and dotted_name(p.func) == "pl.ds" and len(p.args) == 2]
+        if not calls or any(isinstance(c.args[0], ast.Constant) for c in calls):
+            continue
+        texts = []
+        for p in parts:
+            if p in calls:
+                start, size = (m.text(a) for a in p.args)
+                wrapped = f"({start})" if isinstance(p.args[0], ast.BinOp) else start
+                texts.append(f"{start}:{wrapped} + {size}")
+            else:
+                texts.append(m.text(p))
+        sites.append(m.site(node, f"{node.value.id}[...][{', '.join(texts)}]", ref=node.value.id,
+                            lo=m.text(calls[0].args[0]), size=m.text(calls[0].args[1])))
+    return sites
+
+
+def find_missing_in_spec(m: SourceModule) -> list[Site]:
+    """One operand left without a BlockSpec: the last entry of `in_specs` forgotten."""
+    sites = []
+    for call in m.calls("pl.pallas_call"):
+        kw = _pallas_keyword(call, "in_specs")
+        if kw is not None and isinstance(kw.value, ast.List) and len(kw.value.elts) >= 2:
+            kept = kw.value.elts[:-1]
+            text = "[" + ", ".join(m.text(e) for e in kept) + "]"
+            if "\n" in m.text(kw.value):
+                continue  # one spec per line: the edit would not read like a slip
+            sites.append(m.site(kw.value, text, dropped=m.text(kw.value.elts[-1]), count=str(len(kw.value.elts))))
+    return sites
+
+
+_CONSTANT_WORDS = ("scale", "eps", "inv", "alpha", "beta")
+
+
+def find_captured_constant(m: SourceModule) -> list[Site]:
+    """A float parameter bound into the kernel as a jax array (`scale=jnp.float32(...)`): the
+    kernel then closes over an array constant, which pallas_call refuses."""
+    sites = []
+    for call in m.calls("functools.partial"):
+        if not call.args or not isinstance(call.args[0], ast.Name) or call.args[0].id not in m.kernel_names:
+            continue
+        for kw in call.keywords:
+            text = m.text(kw.value)
+            if kw.arg and (any(w in kw.arg for w in _CONSTANT_WORDS) or "**" in text or "." in text.split("(")[0]):
+                sites.append(m.site(kw.value, f"jnp.float32({text})", param=kw.arg, value=text))
+    return sites
+
+
+_REDUCTIONS = ("jnp.sum", "jnp.max", "jnp.min", "jnp.mean")
+
+
+def find_dropped_keepdims(m: SourceModule) -> list[Site]:
+    """A row reduction without `keepdims=True`, then broadcast against the block it reduced."""
+    sites = []
+    for call in m.nodes(ast.Call):
+        if dotted_name(call.func) in _REDUCTIONS and m.in_kernel(call):
+            kws = {k.arg: k for k in call.keywords}
+            if "keepdims" in kws and m.text(kws["keepdims"].value) == "True" and "axis" in kws:
+                args = [m.text(a) for a in call.args] + [m.text(k) for k in call.keywords if k.arg != "keepdims"]
+                sites.append(m.site(call, f"{dotted_name(call.func)}({', '.join(args)})", reduction=dotted_name(call.func), axis=m.text(kws["axis"].value)))
+    return sites
+
+
+def find_transposed_operand(m: SourceModule) -> list[Site]:
+    """The right operand of a matmul transposed by mistake (`jnp.dot(a, b.T)`)."""
+    sites = []
+    for call in m.calls("jnp.dot"):
+        if len(call.args) == 2 and m.in_kernel(call) and not m.text(call.args[1]).endswith(".T"):
+            right = call.args[1]
+            text = m.text(right) if isinstance(right, (ast.Name, ast.Subscript, ast.Call, ast.Attribute)) \
+                else f"({m.text(right)})"
+            sites.append(m.site(right, f"{text}.T", operand=m.text(right)))
+    return sites
+
+
+def find_triton_primitive(m: SourceModule) -> list[Site]:
+    """A GPU Pallas primitive in a TPU kernel: `pl.broadcast_to` for `jnp.broadcast_to`, or to
+    fill a tile where `jnp.full(shape, value, dtype)` belongs."""
+    sites = [m.site(c.func, "pl.broadcast_to", old="jnp.broadcast_to", new="pl.broadcast_to")
+             for c in m.calls("jnp.broadcast_to") if m.in_kernel(c)]
+    for c in m.calls("jnp.full"):
+        if m.in_kernel(c) and len(c.args) == 3 and not c.keywords and dotted_name(c.args[2]).startswith("jnp."):
+            shape, value, dtype = (m.text(a) for a in c.args)
+            sites.append(m.site(c, f"pl.broadcast_to({dtype}({value}), {shape})", old="jnp.full", new="pl.broadcast_to"))
+    return sites
+
+
+def find_missing_import(m: SourceModule) -> list[Site]:
+    """An import the module uses, left out."""
+    sites = []
+    for node in m.tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and len(node.names) == 1:
+            alias = node.names[0]
+            bound = alias.asname or alias.name.split(".")[0]
+            if bound in STANDARD_IMPORTS and m.text(node) == STANDARD_IMPORTS[bound]:
+                sites.append(Site([m.delete_lines(node.lineno, node.end_lineno)], node.lineno,
+                                  dict(function="<module>", line=str(node.lineno), name=bound, statement=m.text(node)),
+                                  tidy=False))
+    return sites
+
+
+_ENTRY_NAMES = ("pallas_{task}", "{task}_kernel", "solution", "forward")
+
+
+def find_wrong_entry_point(m: SourceModule) -> list[Site]:
+    """The entry point named after the task (`def softmax_kernel(...)`) rather than `kernel`."""
+    entry = next((f for f in m.tree.body if isinstance(f, ast.FunctionDef) and f.name == "kernel"), None)
+    if entry is None:
+        return []
+    taken = {f.name for f in m.nodes(ast.FunctionDef)}
+    options = [n.format(task=m.task.name) for n in _ENTRY_NAMES if n.format(task=m.task.name) not in taken]
+    if not options:
+        return []
+    new = _stable_pick(options, m.task.name)
+    start = (entry.lineno, entry.col_offset + len("def "))
+    return [Site([Edit(start, (entry.lineno, start[1] + len("kernel")), new)], entry.lineno,
+                 dict(function=new, line=str(entry.lineno), name=new), tidy=False)]
+
+
+_PROSE = ("Here is the optimized Pallas TPU kernel:", "Below is the complete implementation.",
+          "**Note:** block sizes are multiples of (8, 128).", "The kernel tiles the rows and keeps each block in VMEM.")
+
+
+def find_prose_in_code(m: SourceModule) -> list[Site]:
+    """A line of prose inside the code block: the answer's text leaked into the module."""
+    first = next((n for n in m.tree.body if isinstance(n, ast.FunctionDef)), None)
+    if first is None:
+        return []
+    line = min([d.lineno for d in first.decorator_list] + [first.lineno])
+    text = _stable_pick(list(_PROSE), m.task.name)
+    return [Site([Edit((line, 0), (line, 0), f"{text}\n\n")], line, dict(function="<module>", line=str(line),
+                                                                        text=text), tidy=False)]
+
+
 # --- the operators -------------------------------------------------------------------------------
 
-OPERATORS: tuple[BugOperator, ...] = (
+INJECTORS: tuple[BugOperator, ...] = (
     BugOperator("misaligned_block", "a block size a person would pick (100, 250, 1000) that is not a "
                 "multiple of (8, 128)", find_misaligned_block, "static"),
     BugOperator("vmem_overallocation", "blocks just large enough to overflow VMEM at the bench sizes",
@@ -601,11 +830,11 @@ OPERATORS: tuple[BugOperator, ...] = (
                 find_no_running_max),
     BugOperator("off_by_one_comparison", "a mask or causal condition off by one (< vs <=)",
                 find_off_by_one_comparison),
-    BugOperator("dma_never_waited", "a DMA started but never waited", find_dma_never_waited, priority=0),
+    BugOperator("dma_never_waited", "a DMA started but never waited", find_dma_never_waited),
     BugOperator("double_buffer_race", "prefetch into the buffer slot being read (race)",
-                find_double_buffer_race, priority=0),
+                find_double_buffer_race),
     BugOperator("no_parallel_axis", "every grid axis marked arbitrary (no megacore parallelism)",
-                find_no_parallel_axis, "static", priority=0),
+                find_no_parallel_axis, "static"),
     BugOperator("wrong_pallas_kwarg", "a misspelled keyword argument to a Pallas API", find_wrong_pallas_kwarg,
                 "surface"),
     BugOperator("api_drift", "a Pallas name or argument order from an older release", find_api_drift,
@@ -622,7 +851,7 @@ OPERATORS: tuple[BugOperator, ...] = (
     BugOperator("missing_scale", "a scale factor left out of the arithmetic", find_missing_scale),
     BugOperator("wrong_derivative", "a backward kernel missing a term of its derivative", find_wrong_derivative),
     BugOperator("truncated_answer", "the answer stops mid-line, out of tokens", find_truncated_answer,
-                "surface"),
+                "surface", parses=False),
     BugOperator("interpret_flag", "`interpret=True` left in pallas_call", find_interpret_flag, "surface"),
     BugOperator("hallucinated_import", "importing a Pallas module that does not exist", find_hallucinated_import,
                 "surface"),
@@ -632,13 +861,27 @@ OPERATORS: tuple[BugOperator, ...] = (
     BugOperator("plain_jax", "no Pallas at all: the reference in jax.numpy", find_plain_jax, "surface"),
     BugOperator("copy_kernel_shortcut", "the work done in jax.numpy, then passed through a copy kernel",
                 find_copy_kernel_shortcut, "surface"),
+    BugOperator("literal_block_size", "a block size written as a round literal (100, 250, 500), not a multiple "
+                "of (8, 128)", find_literal_block_size, "static"),
+    BugOperator("oversized_block", "a block size written as a large literal that overflows VMEM at the bench "
+                "sizes", find_oversized_block, "static"),
+    BugOperator("traced_slice", "a Python slice with traced bounds where `pl.ds` belongs", find_traced_slice,
+                "static"),
+    BugOperator("traced_value_slice", "a block loaded whole, then sliced in Python with traced bounds",
+                find_traced_value_slice, "static"),
+    BugOperator("missing_in_spec", "one operand left without a BlockSpec in `in_specs`", find_missing_in_spec,
+                "static"),
+    BugOperator("captured_constant", "a float parameter bound into the kernel as a jax array",
+                find_captured_constant, "static"),
+    BugOperator("dropped_keepdims", "a row reduction without keepdims=True, broadcast against its block",
+                find_dropped_keepdims, "static"),
+    BugOperator("transposed_operand", "the right operand of a matmul transposed by mistake",
+                find_transposed_operand, "static"),
+    BugOperator("triton_primitive", "a GPU Pallas primitive (pl.broadcast_to) in a TPU kernel",
+                find_triton_primitive, "static"),
+    BugOperator("missing_import", "an import the module uses left out", find_missing_import, "surface"),
+    BugOperator("wrong_entry_point", "the entry point under another name than `kernel`", find_wrong_entry_point,
+                "surface"),
+    BugOperator("prose_in_code", "a line of prose inside the code block", find_prose_in_code, "surface",
+                parses=False),
 )
-
-OPERATOR_NAMES = tuple(op.name for op in OPERATORS)
-
-
-def operator(name: str) -> BugOperator:
-    for op in OPERATORS:
-        if op.name == name:
-            return op
-    raise KeyError(f"unknown bug operator {name!r}; known: {', '.join(OPERATOR_NAMES)}")

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from chat import prompts
+from data_gen.catalogue import classify
 from data_gen.fingerprint import normalized
 from evaluator.record import Verdict
 from tasks.spec import Task
@@ -29,6 +30,7 @@ class FixitPair:
     level: int
     case_split: str          # always "train": held-out cases never reach a dataset
     error_class: str         # the failing kernel's verdict status
+    failure_kind: str        # its kind in the failure catalogue (data_gen/catalogue.py)
     failing_stage: str
     source: str              # mutation | model | replay
     origin: str              # bug operator, or model name
@@ -61,6 +63,7 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
                              .encode()).hexdigest()[:16]
     return FixitPair(
         id=pair_id, attempt_id=attempt_id, task=task.name, task_version=task.version, level=task.level,
-        case_split=failing.split, error_class=failing.status, failing_stage=failing.stage, source=source,
+        case_split=failing.split, error_class=failing.status,
+        failure_kind=classify(failing.status, failing.message), failing_stage=failing.stage, source=source,
         origin=origin, context=context, messages=messages, failing_verdict=verdict_json(failing),
         repair_verdict=verdict_json(repaired), failing_code=failing_code, repair_code=repair_code)

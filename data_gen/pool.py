@@ -37,7 +37,7 @@ from tasks.spec import Task
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POOL = ROOT / "datasets" / "variant-pool"
 POOL_FILE = "variants.jsonl"
-DEFAULT_PER_TASK = 6      # correct kernels kept per task
+DEFAULT_PER_TASK = 7      # correct kernels kept per task
 REWRITES_PER_SEED = 12    # rewrites proposed per seed (most are never graded)
 SPLIT = "train"
 

@@ -24,7 +24,9 @@ from data_gen.fingerprint import fingerprint
 from data_gen.explanations import explain
 from data_gen.edits import BugOperator, Mutant
 from data_gen.mutations import compound_with, mutants
-from data_gen.operators import OPERATORS, operator
+from data_gen.catalogue import OPERATORS, kind_of_operator, operator
+from data_gen.giveaways import row_giveaways
+from data_gen.mix import target_mix
 from data_gen.pairs import build_pair
 from data_gen.text_rules import row_violations
 from evaluator.extract import ExtractionError, extract_code
@@ -36,10 +38,8 @@ from tasks.spec import Task
 
 SPLIT = "train"  # attempts are graded on train cases only: held-out cases never reach the data
 STAGE_ORDER = {name: i for i, name in enumerate(STAGE_NAMES)}
-# A task's budget: at most one mutant in SURFACE_SHARE may be a surface bug (its feedback names
-# the fix), at most one in STATIC_SHARE a static one (fails before running); semantic bugs
-# (wrong values, crashes) take the rest, and one compound bug per task when the budget allows.
-SURFACE_SHARE, STATIC_SHARE, COMPOUND_MIN_BUDGET = 12, 4, 6
+# One compound bug (two bugs, one repair) per task when its budget has room for it.
+COMPOUND_MIN_BUDGET = 6
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ class DropReason(StrEnum):
     UNEXPLAINED = "unexplained"                    # no true explanation for what was observed
     REPAIR_NOT_CONFIRMED = "repair not confirmed"  # the repaired kernel is not graded correct
     TEXT_RULES = "text rules"                      # the row breaks a rule on model-facing text
+    GIVEAWAY = "giveaway"                          # failing and repair differ beyond the fix
     CORRECT_FIRST_TRY = "correct on the first try"
     NOT_REPAIRED = "not repaired"                  # the model's turns ran out
     ATTEMPT_CORRECT = "attempt is correct"         # a replayed attempt that passes
@@ -159,53 +160,33 @@ class MutationSource:
         return self.variants.get(task.name) or [("solution", task.solution_source())]
 
     def items(self) -> list[Mutant]:
-        """Up to max_per_task mutants per task, taken round-robin over its kernels so every kernel
-        is a repair; each kernel starts at another place in the task's operator order, so a task
-        gets the widest mix of bugs. Operators are in a seeded order within their priority, sites
-        within an operator in a seeded order. The families' shares cap surface and static bugs,
-        and one mutant per task is a compound of two bugs."""
-        priority = {op.name: op.priority for op in self.operators}
-        family = {op.name: op.family for op in self.operators}
-        chosen = []
+        """Up to max_per_task mutants per task, their kinds drawn towards the target mix
+        (data_gen/mix.py): each next mutant is of the kind furthest below its target share
+        among the kinds the task's kernels offer. Within a kind, operators take turns, and within
+        an operator the kernels take turns (each a repair) in a seeded order. With every operator
+        in use, one mutant per task is a compound of two bugs."""
+        target = target_mix()
+        chosen: list[Mutant] = []
+        counts: Counter[str] = Counter()  # kinds taken so far, over all tasks
         for task in self.tasks:
             rng = random.Random(f"{self.seed}:{task.name}")
-            kernels = self.kernels(task)
-            names = sorted({op.name for op in self.operators})
-            rng.shuffle(names)
-            names.sort(key=priority.__getitem__)  # stable: shuffled within each priority
-            stride = -(-self.max_per_task // len(kernels)) if self.max_per_task > 0 else 1
-            queues = []
-            for index, (variant, source) in enumerate(kernels):
-                by_op: dict[str, list[Mutant]] = defaultdict(list)
+            by_op: dict[str, dict[str, list[Mutant]]] = defaultdict(lambda: defaultdict(list))
+            for variant, source in self.kernels(task):
                 for mutant in mutants(task, self.operators, source, variant, _variant_key(variant, source)):
-                    by_op[mutant.operator].append(mutant)
-                order = [n for n in names if n in by_op]
-                shift = index * stride % len(order) if order else 0
-                order = order[shift:] + order[:shift]
-                queues.append(round_robin([rng.sample(by_op[n], len(by_op[n])) for n in order], 0))
-            sequence = round_robin(queues, 0)
-            if self.max_per_task <= 0:
-                chosen.extend(sequence)
-                continue
-            # the families' shares and the compound shape the default mix; an --operator
-            # selection asks for those bugs alone
+                    by_op[mutant.operator][variant].append(mutant)
+            by_kind: dict[str, list[list[Mutant]]] = defaultdict(list)
+            for op in sorted(by_op, key=lambda name: rng.random()):
+                per_kernel = [rng.sample(ms, len(ms)) for ms in by_op[op].values()]
+                by_kind[kind_of_operator(op)].append(round_robin(per_kernel, 0))
+            queues = {kind: round_robin(ops, 0) for kind, ops in by_kind.items()}
             every = len(self.operators) == len(OPERATORS)
             compound = every and self.max_per_task >= COMPOUND_MIN_BUDGET
-            quota = {"surface": max(1, self.max_per_task // SURFACE_SHARE),
-                     "static": max(1, self.max_per_task // STATIC_SHARE)} if every else {}
-            taken: list[Mutant] = []
-            counts: Counter[str] = Counter()
-            for mutant in sequence:
-                kind = family[mutant.operator]
-                if len(taken) + compound >= self.max_per_task:
-                    break
-                if counts[kind] < quota.get(kind, self.max_per_task):
-                    counts[kind] += 1
-                    taken.append(mutant)
+            budget = self.max_per_task - compound if self.max_per_task > 0 else sum(map(len, queues.values()))
+            taken = _towards(queues, target, budget, counts, rng)
             if compound:  # its runtime bug is one of the task's own mutants, graded anyway
-                semantic = [m for m in taken if family[m.operator] == "semantic"]
+                semantic = [m for m in taken if operator(m.operator).family == "semantic"]
                 second = rng.choice(semantic) if semantic else None
-                pair = second and compound_with(task, dict(kernels)[second.variant], second, rng)
+                pair = second and compound_with(task, dict(self.kernels(task))[second.variant], second, rng)
                 taken += [pair] if pair else []
             chosen.extend(taken)
         return chosen
@@ -253,7 +234,29 @@ class MutationSource:
         broken = row_violations(pair.to_dict())
         if broken:
             return drop(failing, DropReason.TEXT_RULES, ", ".join(broken))
+        leftover = row_giveaways(graded.code, repair)
+        if leftover:
+            return drop(failing, DropReason.GIVEAWAY, ", ".join(leftover))
         return attempt_entry(mutant.id, task, self.name, mutant.operator, failing, pair, **extra)
+
+
+def _towards(queues: dict[str, list[Mutant]], target: dict[str, float], budget: int, counts: Counter[str],
+             rng: random.Random) -> list[Mutant]:
+    """Take `budget` mutants from the kinds' queues, each time from the kind whose count (over
+    the whole run, `counts`, updated here) is furthest below its target share, and within it the
+    next mutant of the kernel used least so far (each kernel is a repair)."""
+    taken: list[Mutant] = []
+    order = {kind: rng.random() for kind in queues}
+    uses: Counter[str] = Counter()
+    while len(taken) < budget and any(queues.values()):
+        total = sum(counts.values()) + 1
+        kind = max((k for k, q in queues.items() if q), key=lambda k: (target.get(k, 0.0) * total - counts[k], order[k]))
+        queue = queues[kind]
+        mutant = queue.pop(min(range(len(queue)), key=lambda i: (uses[queue[i].variant], i)))
+        taken.append(mutant)
+        counts[kind] += 1
+        uses[mutant.variant] += 1
+    return taken
 
 
 def _variant_key(variant: str, source: str) -> str:

@@ -3,7 +3,8 @@
 The model reads the feedback and is trained on the explanation, so neither may carry what it
 cannot use or should not learn: paths of this machine, the run's seeds, the evaluator's internal
 stage names, a narration of how the bug was made ("became", "was removed"), a sentence copied
-from the feedback, or names of code that is not in the failing kernel. The collector drops a row
+from the feedback, names of code that is not in the failing kernel, or a hedge (alternative
+fixes offered in case the first is wrong). The collector drops a row
 that breaks one (`violations`), the dataset card counts them, and tests/test_dataset_rules.py
 checks the committed dataset.
 """
@@ -18,7 +19,7 @@ from functools import cache
 
 from evaluator.stages import STAGE_NAMES
 
-RULES = ("local_path", "seed", "stage_name", "history_verb", "copied_feedback", "unknown_name")
+RULES = ("local_path", "seed", "stage_name", "history_verb", "copied_feedback", "unknown_name", "hedge")
 
 _LOCAL_PATH = re.compile(r"site-packages|dist-packages|\.venv|(?<![\w.>])/(?:home|work|tmp|usr|root|opt|var|"
                          r"Users|private)/")
@@ -28,6 +29,8 @@ _HISTORY = re.compile(r"\b(?:became|no longer|used to|originally|(?:was|were|has
                       r"(?:removed|dropped|deleted|raised|lowered|changed|replaced|swapped|renamed|added|"
                       r"introduced|moved|shifted|rewritten|turned))\b", re.IGNORECASE)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
+# An explanation states one fix; alternatives offered in case it is wrong are a guess, not a diagnosis.
+_HEDGE = re.compile(r"\((?:or|and/or) |\b(?:either|perhaps|probably|possibly|might|maybe)\b|\bor -inf\b", re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LOCATION = re.compile(r"\(at candidate\.py line \d+:.*?\)$", re.MULTILINE)
 # Names an explanation may use without the failing kernel defining them: the libraries' own.
@@ -95,6 +98,8 @@ def violations(feedback: str, explanation: str, failing_code: str) -> list[str]:
         found.append("copied_feedback")
     if unknown_names(explanation, failing_code):
         found.append("unknown_name")
+    if _HEDGE.search(_CODE_SPAN.sub(" ", explanation)):
+        found.append("hedge")
     return found
 
 

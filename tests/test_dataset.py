@@ -8,6 +8,7 @@ from data_gen.dataset import balance, dedupe, round_robin, validation_tasks, wri
 
 def row(task: str, error_class: str, origin: str, code: str) -> dict:
     return {"id": f"{task}-{origin}-{code}", "task": task, "case_split": "train", "error_class": error_class,
+            "failure_kind": {"lowering_error": "block_alignment", "wrong_output": "wrong_values"}.get(error_class, ""),
             "origin": origin, "source": "mutation", "context": "none", "failing_code": code,
             "repair_code": "def kernel(x):\n    return x\n",
             "messages": [{"role": "user", "content": f"task {task}"}, {"role": "assistant", "content": code}]}

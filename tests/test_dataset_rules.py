@@ -11,7 +11,8 @@ from chat.prompts import feedback, machine_free
 from data_gen.fingerprint import normalized
 from data_gen.mix import semantic_share
 from data_gen.mutations import compounds, mutants
-from data_gen.operators import OPERATORS, round_block
+from data_gen.catalogue import OPERATORS
+from data_gen.operators import round_block
 from data_gen.pairs import verdict_json
 from data_gen.text_rules import opening, opening_share, prose, row_violations, unknown_names, violations
 from evaluator.record import Verdict
@@ -29,6 +30,8 @@ KERNEL = "def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):\n    acc_ref[...] += 
     ("Reset `acc_ref` in `_init_accumulator` at the first step.", "unknown_name"),
     ("See /work/main/.venv/lib/python3.11/site-packages/jax/_src/x.py.", "local_path"),
     ("It fails on seed 123456 only.", "seed"),
+    ("Set `acc_ref` to zeros (or -inf for a running max).", "hedge"),
+    ("The mask might be off by one.", "hedge"),
 ])
 def test_each_rule_catches_its_breach(explanation, rule):
     assert rule in violations("The evaluator rejected this kernel.", explanation, KERNEL)
@@ -102,14 +105,15 @@ def test_vmem_bugs_start_just_over_and_grow_only_when_needed(matmul_mutants):
     assert sizes == [2 * good, 4 * good, 8 * good]
 
 
-def test_comments_the_bug_contradicts_are_dropped_and_the_rest_kept():
-    task = get_task("matmul")
-    source = task.solution_source()
-    bug = _one(mutants(task), "misaligned_block")
-    assert "1024-wide tiles" in source and "1024-wide tiles" not in bug.source  # described the old block
-    assert "# Zero padding is exact for a matmul" in bug.source                # unrelated: kept
-    init = _one(mutants(task), "drop_accumulator_init")
-    assert "# Zero padding is exact for a matmul" in init.source
+def test_comments_and_docstrings_stay_on_both_sides(matmul_mutants):
+    """Only a comment on the edited line goes with the bug: a docstring or a comment elsewhere
+    missing from the failing kernel alone would be a giveaway."""
+    source = get_task("matmul").solution_source()
+    docstring = ast.get_docstring(ast.parse(source))
+    for m in matmul_mutants:
+        if m.operator not in ("plain_jax", "copy_kernel_shortcut", "truncated_answer", "prose_in_code"):
+            assert ast.get_docstring(ast.parse(m.code)) == docstring, m.id
+            assert "# Zero padding is exact for a matmul" in m.source, m.id
 
 
 def test_edits_keep_the_formatting(matmul_mutants):
@@ -162,9 +166,45 @@ def test_committed_explanations_do_not_share_an_opening(committed):
     assert share <= 0.10, top
 
 
-def test_committed_mix_leans_on_runtime_failures(committed):
-    assert semantic_share(Counter(r["error_class"] for r in committed)) >= 0.5
-    origins = Counter(r["origin"] for r in committed)
-    new_kinds = {"compound", "program_id_branch", "api_drift", "whole_array_block", "unsliced_padding",
-                 "block_rank_mismatch", "scalar_store", "missing_scale", "wrong_derivative"}
-    assert origins["compound"] > 0 and len(new_kinds & set(origins)) >= 7, origins
+def test_committed_mix_is_near_the_real_one(committed):
+    from data_gen.catalogue import mix_of, real_mix, total_variation
+    from data_gen.mix import MAX_KIND_SHARE, TV_LIMIT
+
+    kinds = Counter(r["failure_kind"] for r in committed)
+    assert total_variation(mix_of(kinds), real_mix()) <= TV_LIMIT
+    assert max(kinds.values()) <= MAX_KIND_SHARE * len(committed)
+    assert 0.15 <= semantic_share(kinds) <= 0.3  # the runtime kinds keep the share data_gen/mix.py defends
+    assert len(committed) >= 300 and len({r["error_class"] for r in committed}) >= 10
+    assert Counter(r["origin"] for r in committed)["compound"] > 0
+
+
+def test_committed_rows_have_no_giveaway(committed):
+    from data_gen.giveaways import dataset_giveaways, row_giveaways
+    from data_gen.mix import MAX_KIND_SHARE
+
+    assert [(r["id"], row_giveaways(r["failing_code"], r["repair_code"])) for r in committed
+            if row_giveaways(r["failing_code"], r["repair_code"])] == []
+    assert dataset_giveaways(committed, lambda r: r["failure_kind"], MAX_KIND_SHARE) == {
+        "kind_over_cap": 0, "repeated_edit": 0}
+
+
+def test_committed_repairs_have_many_structures_and_validation_holds_unseen_kinds():
+    from data_gen.dataset import VALIDATION_KINDS
+    from data_gen.giveaways import structure
+
+    splits = {split: [r for f in glob.glob(str(ROOT / "datasets" / "fixit-mutation" / "data" / f"{split}-*.parquet"))
+                      for r in pd.read_parquet(f).to_dict("records")] for split in ("train", "validation")}
+    rows = splits["train"] + splits["validation"]
+    assert len({(r["task"], structure(r["repair_code"])) for r in rows}) >= 120
+    assert not {r["failure_kind"] for r in splits["train"]} & set(VALIDATION_KINDS)
+    assert {r["failure_kind"] for r in splits["validation"]} & set(VALIDATION_KINDS)
+
+
+def test_committed_compound_pairs_explain_both_bugs(committed):
+    compound = [r for r in committed if r["origin"] == "compound"]
+    assert compound
+    for row in compound:
+        explanation = row["messages"][4]["content"].split("```")[0]
+        first, second = explanation.strip().split("\n\n")  # the bug observed, then the one behind it
+        assert row["error_class"] in ("lowering_error", "compile_error", "import_error", "missing_feature")
+        assert first and second

@@ -8,7 +8,7 @@ import pytest
 from data_gen.explanations import explain
 from data_gen.fingerprint import normalized
 from data_gen.mutations import mutants
-from data_gen.operators import OPERATORS, operator
+from data_gen.catalogue import OPERATORS, operator
 from evaluator.record import Verdict
 from tasks import all_tasks, get_task
 
@@ -38,6 +38,10 @@ def test_mutants_parse_and_change_only_their_site(suite_mutants):
         for m in ms:
             if m.operator == "truncated_answer":
                 assert not m.answer().rstrip().endswith("```")
+                continue
+            if not operator(m.operator).parses:  # a bug in the answer's syntax
+                with pytest.raises(SyntaxError):
+                    ast.parse(m.source)
                 continue
             ast.parse(m.source)
             assert m.source != "\n".join(original)
@@ -125,17 +129,33 @@ def test_a_failure_the_story_does_not_cover_gets_no_explanation():
     assert explain(shift, unrelated) is None  # a runtime error, but not the out-of-bounds one
 
 
-def test_budget_goes_to_rare_bugs_first_and_to_runtime_bugs_most():
+@pytest.mark.parametrize("task,op,quoted", [
+    ("gemm_bias_gelu", "drop_finalize", "b_ref"),               # the bias is added at the end, not zeros
+    ("attention_bwd", "drop_accumulator_init", "dq_acc[...] = jnp.zeros_like(dq_acc)"),
+])
+def test_init_and_finalize_fixes_quote_the_code_the_repair_has(task, op, quoted):
+    bug = _mutant(task, op)
+    verdict = Verdict(task=task, task_version=1, status="wrong_output", stage="run",
+                      message="wrong_output: wrong values on case c", backend="tpu-interpret", split="train")
+    text = explain(bug, verdict)
+    assert text is not None and quoted in text
+    assert "or -inf" not in text and "(or" not in text
+
+
+def test_budget_follows_the_target_mix_of_kinds():
+    from data_gen.catalogue import kind_of_operator
+    from data_gen.mix import target_mix
     from data_gen.sources import MutationSource
 
-    chosen = {m.operator for m in MutationSource([get_task("batched_matmul")], 3, seed=0).items()}
-    assert "no_parallel_axis" in chosen  # the only bug giving missing_feature on this task
-    family = {op.name: op.family for op in OPERATORS}
-    for task in ("matmul", "attention_fwd_causal"):
-        chosen = MutationSource([get_task(task)], 12, seed=0).items()
-        kinds = Counter(family.get(m.operator, m.operator) for m in chosen)
-        assert len(chosen) == 12 and kinds["compound"] == 1
-        assert kinds["surface"] <= 1 and kinds["static"] <= 3 and kinds["semantic"] >= 7
+    names = ["matmul", "softmax", "attention_fwd_causal", "layer_norm", "gemm_softmax", "rotary_embedding"]
+    chosen = MutationSource([get_task(n) for n in names], 12, seed=0).items()
+    compounds = [m for m in chosen if m.parts]
+    assert len(chosen) == 12 * len(names) and len(compounds) == len(names)
+    kinds = Counter(kind_of_operator(m.operator) for m in chosen if not m.parts)
+    target = target_mix()
+    for kind, n in kinds.items():  # each kind near its share, as far as the tasks offer it
+        assert n / sum(kinds.values()) <= target[kind] + 0.06, kinds
+    assert len(kinds) >= 10
 
 
 def test_mutants_spread_over_the_pool_kernels_and_operators():
