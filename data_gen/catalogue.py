@@ -197,7 +197,7 @@ GPT53_FAILURES = sum(k.gpt53 for k in KINDS) + GPT53_UNCLASSIFIED
 # Statuses that name the kind by themselves, whatever the message says.
 _BY_STATUS = {"wrong_output": "wrong_values", "wrong_shape": "wrong_values", "extraction_error": "prose_in_code",
               "syntax_error": "prose_in_code", "no_kernel": "no_pallas", "work_outside_kernel": "no_pallas",
-              "missing_feature": "missing_feature", "import_error": None}
+              "missing_feature": "missing_feature"}
 # Kinds whose text patterns are checked first: a specific text beats a generic one.
 _ORDER = ("triton_primitive", "captured_constant", "spec_arity", "block_rank", "block_alignment", "vmem_exhaustion",
           "traced_bool", "traced_index", "unsupported_op", "ref_store_mismatch", "undefined_name",
@@ -215,7 +215,7 @@ def kind(name: str) -> FailureKind:
 def classify(status: str, message: str) -> str:
     """The kind of one failure, from its status (ours, or "wrong_output" for a real run that
     gave wrong values) and its error text; UNCLASSIFIED when nothing matches."""
-    if status in _BY_STATUS and _BY_STATUS[status]:
+    if status in _BY_STATUS:
         return _BY_STATUS[status]
     if status == "policy_violation" and re.search(r"interpret", message):
         return "interpret_flag"
@@ -275,22 +275,29 @@ def comparison_group(kind_name: str) -> str:
     return WRONG_OUTPUT_GROUP if kind(kind_name).semantic else kind_name
 
 
+def grouped(kinds: Counter) -> Counter:
+    """A count of kinds as a count of comparison groups."""
+    out: Counter[str] = Counter()
+    for name, n in kinds.items():
+        out[comparison_group(name)] += n
+    return out
+
+
+def real_counts() -> Counter:
+    """GPT-5.3's 129 real kernel failures by comparison group."""
+    return grouped(Counter({**{k.name: k.gpt53 for k in KINDS}, UNCLASSIFIED: GPT53_UNCLASSIFIED}))
+
+
 def real_mix() -> dict[str, float]:
-    """GPT-5.3's real failure mix by comparison group (shares of its 129 kernel failures)."""
-    counts = Counter({comparison_group(k.name): 0 for k in KINDS})
-    for k in KINDS:
-        counts[comparison_group(k.name)] += k.gpt53
-    counts[UNCLASSIFIED] += GPT53_UNCLASSIFIED
-    return {g: n / GPT53_FAILURES for g, n in counts.items()}
+    """GPT-5.3's real failure mix by comparison group."""
+    return mix_of(real_counts())
 
 
 def mix_of(kinds: Counter) -> dict[str, float]:
-    """Shares by comparison group of a count of kinds."""
-    total = sum(kinds.values())
-    grouped: Counter[str] = Counter()
-    for name, n in kinds.items():
-        grouped[comparison_group(name)] += n
-    return {g: n / total for g, n in grouped.items()} if total else {}
+    """Shares by comparison group of a count of kinds (or of groups)."""
+    counts = grouped(kinds)
+    total = sum(counts.values())
+    return {g: n / total for g, n in counts.items()} if total else {}
 
 
 def total_variation(a: dict[str, float], b: dict[str, float]) -> float:

@@ -20,16 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from data_gen.catalogue import (
-    GPT53_FAILURES,
-    KINDS,
-    REAL_SOURCE,
-    UNCLASSIFIED,
-    comparison_group,
-    mix_of,
-    real_mix,
-    total_variation,
-)
+from data_gen.catalogue import GPT53_FAILURES, KINDS, REAL_SOURCE, grouped, mix_of, real_counts, total_variation
 
 MAX_KIND_SHARE = 0.15
 SEMANTIC_SHARE = 0.20
@@ -65,24 +56,16 @@ def target_mix() -> dict[str, float]:
 def mix_table(kinds: Counter) -> str:
     """Markdown: each comparison group, our rows and share, GPT-5.3's failures and share, and the
     total variation between the two mixes."""
-    ours, real = mix_of(kinds), real_mix()
-    grouped: Counter[str] = Counter()
-    for name, n in kinds.items():
-        grouped[comparison_group(name)] += n
-    real_counts: Counter[str] = Counter()
-    for k in KINDS:
-        real_counts[comparison_group(k.name)] += k.gpt53
-    from data_gen.catalogue import GPT53_UNCLASSIFIED
-
-    real_counts[UNCLASSIFIED] += GPT53_UNCLASSIFIED
-    groups = sorted(set(ours) | set(real), key=lambda g: (-real.get(g, 0.0), -ours.get(g, 0.0), g))
+    ours, theirs = grouped(kinds), real_counts()
+    ours_mix, real = mix_of(ours), mix_of(theirs)
+    groups = sorted(set(ours) | set(theirs), key=lambda g: (-real.get(g, 0.0), -ours_mix.get(g, 0.0), g))
     lines = ["| failure kind | rows | ours (%) | GPT-5.3 failures | GPT-5.3 (%) |", "|---|---:|---:|---:|---:|"]
     for g in groups:
         label = "wrong values (wrong_values, out_of_bounds, race)" if g == "wrong_values" else g
-        lines.append(f"| {label} | {grouped[g]} | {100 * ours.get(g, 0.0):.1f} | {real_counts[g]} | "
+        lines.append(f"| {label} | {ours[g]} | {100 * ours_mix.get(g, 0.0):.1f} | {theirs[g]} | "
                      f"{100 * real.get(g, 0.0):.1f} |")
-    tv = total_variation(ours, real)
-    lines.append(f"| **total** | {sum(kinds.values())} | 100 | {GPT53_FAILURES} | 100 |")
+    lines.append(f"| **total** | {sum(ours.values())} | 100 | {GPT53_FAILURES} | 100 |")
+    tv = total_variation(ours_mix, real)
     return "\n".join(lines) + (f"\n\nTotal variation distance between the two mixes: **{tv:.3f}** (target at most "
                                f"{TV_LIMIT}). Real counts: {REAL_SOURCE}.")
 
