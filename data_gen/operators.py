@@ -335,7 +335,10 @@ def find_scalar_store(m: SourceModule) -> list[Site]:
 def find_truncated_answer(m: SourceModule) -> list[Site]:
     """The answer runs out of tokens: it stops mid-line, late in the module, with the code fence
     still open, as a length-capped generation does."""
-    code = [i for i, line in enumerate(m.lines, 1) if line.strip() and not line.lstrip().startswith("#")]
+    docs = {n for node in m.nodes((ast.Module, ast.FunctionDef, ast.ClassDef)) if ast.get_docstring(node) is not None
+            for n in range(node.body[0].lineno, node.body[0].end_lineno + 1)}
+    code = [i for i, line in enumerate(m.lines, 1)
+            if line.strip() and not line.lstrip().startswith("#") and i not in docs]  # a cut in prose would not read as code
     if len(code) < 10:
         return []
     sites = []
@@ -345,7 +348,7 @@ def find_truncated_answer(m: SourceModule) -> list[Site]:
         if line is None:
             return sites
         text = m.lines[line - 1].rstrip("\n")
-        words = [mt.end() for mt in re.finditer(r"\w+", _code_part(text))]  # a cut in a comment would still parse
+        words = [mt.end() for mt in re.finditer(r"\w+", _code_part(text))]
         cut = words[len(words) // 2]
         sites.append(Site([Edit((line, len(text[:cut].encode())), (len(m.lines) + 1, 0), TRUNCATION_MARK)], line,
                           dict(function=_function_at(m, line), line=str(line), last=text[:cut].strip()),

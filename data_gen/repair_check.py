@@ -15,11 +15,11 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from data_gen.catalogue import KINDS, classify, operator
+from data_gen.catalogue import KINDS, classify
 from data_gen.mutations import mutants
 from data_gen.repairers import repair
+from data_gen.sources import SeededGrading, first_failure
 from evaluator.grader import Evaluator
-from evaluator.stages import LAST_STATIC_STAGE
 from tasks import get_task
 
 DEFAULT_TASKS = ("softmax", "matmul", "layer_norm", "attention_fwd")
@@ -41,13 +41,13 @@ def verify_repairers(tasks: list[str], per_operator: int, workers: int = 2, max_
     the kernel still fails as that kind, up to `max_rounds`), and grade the result."""
     checks = []
     with Evaluator(workers=workers, n_seeds=1, stop_at_first_failure=True) as ev:
+        grader = SeededGrading(ev, run_seed=0)
         for k, op in ((k, op) for k in KINDS if k.repairer for op in k.operators):
             check = RepairCheck(k.name, op)
             for name in tasks:
                 task = get_task(name)
                 for mutant in [m for m in mutants(task) if m.operator == op][:per_operator]:
-                    verdict = ev.grade(task, mutant.answer(), "train", seed=0,
-                                       through=LAST_STATIC_STAGE if operator(mutant.operator).static else None)
+                    mutant, verdict = first_failure(task, mutant, grader)
                     if verdict.ok or verdict.status == "pending" or classify(verdict.status, verdict.message) != k.name:
                         continue
                     check.injected += 1
@@ -57,7 +57,7 @@ def verify_repairers(tasks: list[str], per_operator: int, workers: int = 2, max_
                         if fixed is None or fixed == source:
                             break
                         source = fixed
-                        verdict = ev.grade(task, f"```python\n{source}\n```", "train", seed=0)
+                        verdict = grader.grade(task, f"```python\n{source}\n```")
                         if verdict.ok or classify(verdict.status, verdict.message) != k.name:
                             break
                     check.changed += source != mutant.code

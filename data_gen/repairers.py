@@ -63,13 +63,6 @@ class _Module(SourceModule):
     def calls(self, *names: str) -> Iterator[ast.Call]:  # type: ignore[override]
         return (n for n in self.nodes(ast.Call) if dotted_name(n.func) in names)
 
-    def in_kernel(self, node: ast.AST) -> bool:
-        while node in self.parent:
-            node = self.parent[node]
-            if node in self.kernels:
-                return True
-        return False
-
     def kernel_of_node(self, node: ast.AST) -> ast.FunctionDef | None:
         """The outermost kernel function containing node."""
         found = None

@@ -191,16 +191,6 @@ class MutationSource:
             chosen.extend(taken)
         return chosen
 
-    def _first_failure(self, task: Task, mutant: Mutant, grader: SeededGrading) -> tuple[Mutant, Verdict]:
-        """Grade the mutant, then its larger fallbacks while it survives: the smallest that fails.
-        A static bug (a compound's first bug included) is graded through the static stages only."""
-        static = bool(mutant.parts) or operator(mutant.operator).static
-        for candidate in (mutant, *mutant.fallbacks):
-            verdict = grader.grade(task, candidate.answer(), through=LAST_STATIC_STAGE if static else None)
-            if not verdict.ok and verdict.status != "pending":
-                break
-        return candidate, verdict
-
     def process(self, mutant: Mutant, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(mutant.task)
         extra = {"line": mutant.line, "variant": mutant.variant}
@@ -209,7 +199,7 @@ class MutationSource:
             return attempt_entry(mutant.id, task, self.name, mutant.operator, verdict,
                                  dropped=Dropped(reason, detail), **extra)
 
-        graded, failing = self._first_failure(task, mutant, grader)
+        graded, failing = first_failure(task, mutant, grader)
         if failing.ok or failing.status == "pending":
             static = failing.status == "pending"  # graded through the static stages only
             return drop(failing, DropReason.SURVIVED,
@@ -238,6 +228,17 @@ class MutationSource:
         if leftover:
             return drop(failing, DropReason.GIVEAWAY, ", ".join(leftover))
         return attempt_entry(mutant.id, task, self.name, mutant.operator, failing, pair, **extra)
+
+
+def first_failure(task: Task, mutant: Mutant, grader: SeededGrading) -> tuple[Mutant, Verdict]:
+    """Grade the mutant, then its larger fallbacks while it survives: the smallest that fails.
+    A static bug (a compound's first bug included) is graded through the static stages only."""
+    static = bool(mutant.parts) or operator(mutant.operator).static
+    for candidate in (mutant, *mutant.fallbacks):
+        verdict = grader.grade(task, candidate.answer(), through=LAST_STATIC_STAGE if static else None)
+        if not verdict.ok and verdict.status != "pending":
+            break
+    return candidate, verdict
 
 
 def _towards(queues: dict[str, list[Mutant]], target: dict[str, float], budget: int, counts: Counter[str],

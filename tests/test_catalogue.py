@@ -11,7 +11,6 @@ from data_gen.catalogue import (
     classify,
     kind,
     kind_of_operator,
-    operator,
     real_mix,
     total_variation,
 )
@@ -19,7 +18,6 @@ from data_gen.dataset import calibrate
 from data_gen.mix import MAX_KIND_SHARE, SEMANTIC_SHARE, TV_LIMIT, mix_table, target_mix
 from data_gen.mutations import mutants
 from data_gen.operators import INJECTORS
-from evaluator.stages import LAST_STATIC_STAGE
 from tasks import get_task
 
 
@@ -105,16 +103,13 @@ NEW_INJECTORS = ["literal_block_size", "oversized_block", "traced_slice", "trace
 
 
 def test_new_injectors_fail_as_their_kind(evaluator):
-    found = {}
+    from data_gen.sources import SeededGrading, first_failure
+
+    grader, found = SeededGrading(evaluator, run_seed=0), {}
     for task in (get_task("softmax"), get_task("attention_fwd")):
         for m in mutants(task):
             if m.operator in NEW_INJECTORS and (task.name, m.operator) not in found:
-                static = operator(m.operator).static
-                for candidate in (m, *m.fallbacks):
-                    verdict = evaluator.grade(task, candidate.answer(), "train", seed=0,
-                                              through=LAST_STATIC_STAGE if static else None)
-                    if not verdict.ok and verdict.status != "pending":
-                        break
+                _, verdict = first_failure(task, m, grader)
                 found[task.name, m.operator] = classify(verdict.status, verdict.message)
     matching = [key for key, k in found.items() if k == kind_of_operator(key[1])]
     assert {op for _, op in found} == set(NEW_INJECTORS) and len(matching) >= 0.8 * len(found), found
