@@ -18,16 +18,35 @@ for _module in ("torch", "transformers", "trl"):
     require_module(_module, "pip install -e '.[train]'")
 
 
+# The recipe's model sees only the last ~15 tokens, so an explanation that quotes a run of code the
+# repaired kernel also holds (`jnp.max(x, axis=-1, keepdims=True)`) lets it jump from the prose
+# into the middle of the kernel and answer a truncated module. Rows quoting more than this many
+# characters of the kernel are left out.
+MAX_SHARED_CHARS = 16
+
+
 def rows_repaired_by_the_solution(task: str) -> list[str]:
     """Ids of the committed dataset's rows of `task` whose repair is the task's own solution (it
-    passes the held-out shapes too), so the tuned model has one kernel to learn."""
+    passes the held-out shapes too) and whose explanation quotes little of it, so the tuned model
+    has one kernel to learn and cannot lose its place in it."""
+    import difflib
+
     import datasets
 
     from tasks import get_task
 
     solution = get_task(task).solution_source()
     rows = datasets.load_dataset(str(ROOT / "datasets" / "fixit-mutation"), split="train")
-    return [r["id"] for r in rows if r["task"] == task and extract_code(r["messages"][-1]["content"]) == solution]
+    ids = []
+    for row in rows:
+        answer = row["messages"][-1]["content"]
+        if row["task"] != task or extract_code(answer) != solution:
+            continue
+        explanation = answer.split("```")[0]
+        shared = difflib.SequenceMatcher(None, explanation, solution, autojunk=False).find_longest_match()
+        if shared.size <= MAX_SHARED_CHARS:
+            ids.append(row["id"])
+    return ids
 
 
 @pytest.mark.slow
