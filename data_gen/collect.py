@@ -3,8 +3,10 @@
     python -m data_gen.collect                                  # mutation source, no model needed
     python -m data_gen.collect --source model --base-url http://localhost:8000/v1 --model Qwen/...
     python -m data_gen.collect --source replay --replay attempts.jsonl --teacher-base-url ... --teacher M
+    python -m data_gen.collect --source jaxbench:~/JAXBench --models gpt53     # real failures, repaired
 
-Steps: 1) list work items (mutants, model prompts or replayed attempts) for the train tasks;
+Steps: 1) list work items (mutants, model prompts, replayed attempts or a checkout's generated
+kernels) for the train tasks;
 2) skip the ones the journal already has; 3) grade each on the evaluator (train cases only) and
 repair it, journaling every result as it finishes; 4) build the dataset from the whole journal:
 dedupe, decontaminate, balance, split by task, write parquet + card + figure; 5) print a summary.
@@ -12,6 +14,7 @@ dedupe, decontaminate, balance, split by task, write parquet + card + figure; 5)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections import Counter
@@ -28,13 +31,9 @@ from data_gen.giveaways import structure
 from data_gen.journal import Journal, JournalMismatch
 from data_gen.catalogue import OPERATOR_NAMES, operator
 from data_gen.pool import DEFAULT_POOL, PoolEntry, fresh_verdicts, load_pool, pool_variants
-from data_gen.sources import (
-    ModelSource,
-    MutationSource,
-    PromptSettings,
-    ReplaySource,
-    SeededGrading,
-)
+from data_gen.repair_search import DEFAULT_BUDGET
+from data_gen.replay import ReplaySource, Yield, checkout_items, read_replay
+from data_gen.sources import ModelSource, MutationSource, PromptSettings, SeededGrading
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
@@ -45,18 +44,34 @@ DEFAULT_BALANCE = 5
 DEFAULT_MAX_PER_REPAIR = 3
 
 
+SOURCES = ("mutation", "model", "replay")
+CHECKOUT_KINDS = ("jaxbench",)
+
+
+def source_spec(value: str) -> str:
+    """--source: one of SOURCES, or KIND:PATH of a peer suite's checkout (jaxbench:~/JAXBench)."""
+    kind, sep, path = value.partition(":")
+    if value in SOURCES or (sep and kind in CHECKOUT_KINDS and path):
+        return value
+    raise argparse.ArgumentTypeError(f"choose {', '.join(SOURCES)} or jaxbench:PATH (a JAXBench checkout), "
+                                     f"got {value!r}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m data_gen.collect", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--source", choices=("mutation", "model", "replay"), default="mutation")
-    p.add_argument("--name", help="dataset name (default: fixit-<source>)")
+    p.add_argument("--source", type=source_spec, default="mutation",
+                   help=f"{', '.join(SOURCES)}, or jaxbench:PATH: the generated kernels of a JAXBench checkout")
+    p.add_argument("--name", help="dataset name (default: fixit-<source>, fixit-jaxbench for a checkout)")
     p.add_argument("--out-dir", type=Path, default=Path("datasets"), help="datasets/<name>/ is written here")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="journals live in <runs-dir>/<name>/")
     p.add_argument("--fresh", action="store_true", help="discard this run's journal and start over")
     p.add_argument("--task", dest="tasks", action="append", help="only this task (repeatable); held-out "
                    "tasks are refused")
     p.add_argument("--context", choices=CONTEXTS, default="none", help="hardware context in the system prompt")
-    p.add_argument("--generation", choices=sorted(GENERATIONS), default=DEFAULT_GENERATION)
+    p.add_argument("--generation", choices=sorted(GENERATIONS), default=None,
+                   help=f"TPU generation graded for and named in the prompt (default {DEFAULT_GENERATION}; "
+                        "for a JAXBench checkout, the one it was tuned for)")
     p.add_argument("--workers", type=int, default=2, help="evaluator worker processes")
     add_scale_options(p)
     p.add_argument("--seed", type=int, default=0)
@@ -76,7 +91,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--pool", type=Path, default=DEFAULT_POOL,
                    help="verified variant pool (python -m data_gen.pool); its correct kernels are the seeds "
                         "of the mutants. Without one, each task's solution is the only seed")
-    g = p.add_argument_group("model and replay sources")
+    g = p.add_argument_group("replay and checkout sources")
+    g.add_argument("--replay", type=Path, help="JSONL of attempts ({task, attempt[, repair, explanation, model]}) or "
+                   "a training.rebench journal")
+    g.add_argument("--models", nargs="+", metavar="MODEL", help="a checkout's models (pallas_eval/generated/MODEL; "
+                   "default: every one)")
+    g.add_argument("--budget", type=int, default=DEFAULT_BUDGET,
+                   help="gradings the repair search may spend on one failing attempt (0: no search)")
+    g = p.add_argument_group("model sources (and the teacher of replayed attempts)")
     g.add_argument("--model", help="served model name (with --base-url) or a local HF model directory")
     g.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
     g.add_argument("--api-key", help="default: $OPENAI_API_KEY or EMPTY")
@@ -87,13 +109,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     g.add_argument("--temperature", type=float, default=0.7)
     g.add_argument("--max-tokens", type=int, default=4096)
-    g.add_argument("--replay", type=Path, help="JSONL of attempts: task, attempt[, repair, explanation, model]")
     args = p.parse_args(argv)
-    args.name = args.name or f"fixit-{args.source}"
+    args.checkout = Path(args.source.partition(":")[2]).expanduser() if ":" in args.source else None
+    args.name = args.name or f"fixit-{args.source.partition(':')[0]}"
     if args.source == "model" and not args.model:
         p.error("--source model needs --model")
     if args.source == "replay" and not args.replay:
         p.error("--source replay needs --replay FILE")
+    if args.models and args.checkout is None:
+        p.error("--models goes with --source jaxbench:PATH")
     return args
 
 
@@ -108,26 +132,26 @@ def train_tasks(names: list[str] | None) -> list[Task]:
     return tasks
 
 
-# Entries count their drops by a typed reason since format 2, and pairs carry their failure kind
-# since format 3: an older journal is not resumed.
-JOURNAL_FORMAT = 3
+# Entries count their drops by a typed reason since format 2, pairs carry their failure kind
+# since format 3 and what wrote their repair since format 4: an older journal is not resumed.
+JOURNAL_FORMAT = 4
 
 
-def settings_of(args: argparse.Namespace, tasks: list[Task]) -> dict[str, Any]:
+def settings_of(args: argparse.Namespace, tasks: list[str]) -> dict[str, Any]:
     """The arguments that decide a run's content: a resume must use the same ones."""
     keys = ["source", "context", "generation", "seed", "seeds"]
-    keys += {"mutation": ["operators", "max_per_task"], "model": ["model", "teacher", "samples", "max_turns",
-                                                                  "temperature"],
-             "replay": ["replay", "teacher"]}[args.source]
-    if args.source == "mutation":
-        keys.append("pool")
+    replayed = ["teacher", "max_turns", "budget"]
+    keys += {"mutation": ["operators", "max_per_task", "pool"],
+             "model": ["model", "teacher", "samples", "max_turns", "temperature"],
+             "replay": ["replay", *replayed]}.get(args.source, ["models", *replayed])
     settings = {k: (str(v) if isinstance(v := getattr(args, k), Path) else v) for k in keys}
-    settings["tasks"] = [t.name for t in tasks]
+    settings["tasks"] = tasks
     settings["journal_format"] = JOURNAL_FORMAT
     return settings
 
 
-def make_source(args: argparse.Namespace, tasks: list[Task], pool: list[PoolEntry]):
+def make_source(args: argparse.Namespace, tasks: list[Task], pool: list[PoolEntry], suite: Any = None):
+    """The run's source of work items; `suite` is the opened checkout of a jaxbench:PATH source."""
     if args.source == "mutation":
         source = MutationSource(tasks, args.max_per_task, args.seed, variants=pool_variants(pool))
         if args.operators:
@@ -137,14 +161,50 @@ def make_source(args: argparse.Namespace, tasks: list[Task], pool: list[PoolEntr
     if args.teacher:
         teacher = make_chat_model(args.teacher, base_url=args.teacher_base_url or args.base_url,
                                   api_key=args.api_key)
-    if args.source == "replay":
-        return ReplaySource(args.replay, teacher, args.max_tokens, {t.name for t in tasks})
-    model = make_chat_model(args.model, base_url=args.base_url, api_key=args.api_key)
-    return ModelSource(tasks, model, teacher, args.samples, args.max_turns, args.temperature, args.max_tokens)
+    if args.source == "model":
+        model = make_chat_model(args.model, base_url=args.base_url, api_key=args.api_key)
+        return ModelSource(tasks, model, teacher, args.samples, args.max_turns, args.temperature, args.max_tokens)
+    repairs = dict(teacher=teacher, max_turns=args.max_turns, max_tokens=args.max_tokens, budget=args.budget)
+    if suite is None:
+        names = {t.name for t in tasks}  # a held-out task's attempts (a rebench journal has them) stay out
+        return ReplaySource([i for i in read_replay(args.replay) if i.task in names], get_task, **repairs)
+    items = checkout_items(suite.root, args.models, set(suite.entries))
+    if args.tasks:
+        items = [i for i in items if i.task in args.tasks]
+    return ReplaySource(items, suite.task, name="jaxbench", **repairs)
+
+
+def open_checkout(args: argparse.Namespace) -> Any:
+    """The checkout of a jaxbench:PATH source, with its models checked; None for other sources."""
+    if args.checkout is None:
+        return None
+    from suites import open_suite
+    from suites.attempts import models
+
+    suite = open_suite(args.source)
+    available = models(suite.root)
+    unknown = sorted(set(args.models or []) - set(available))
+    unknown_tasks = sorted(set(args.tasks or []) - set(suite.entries))
+    if unknown or not available or unknown_tasks:
+        suite.close()
+        if unknown_tasks and available and not unknown:
+            raise ValueError(f"not in the checkout at {suite.root}: {', '.join(unknown_tasks)}")
+        raise ValueError(f"no generated kernels of {', '.join(unknown) or 'any model'} under "
+                         f"{suite.root}/pallas_eval/generated (models: {', '.join(available) or 'none'})")
+    return suite
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
+
+    console = Console(stderr=True)
+    start = time.perf_counter()
+    suite = open_checkout(args)
+    with suite if suite is not None else contextlib.nullcontext():
+        return _run(args, console, start, suite)
+
+
+def _run(args: argparse.Namespace, console: Any, start: float, suite: Any) -> dict[str, Any]:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -155,28 +215,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from evaluator.grader import Evaluator
 
-    console = Console(stderr=True)
-    start = time.perf_counter()
-    tasks = train_tasks(args.tasks)
+    if args.generation is None:
+        from suites.jaxbench import TUNED_FOR
+
+        args.generation = TUNED_FOR if suite is not None else DEFAULT_GENERATION
+    tasks = train_tasks(args.tasks) if suite is None else []
     names = {t.name for t in tasks}
     pool = [e for e in load_pool(args.pool) if e.task in names] if args.source == "mutation" else []
-    source = make_source(args, tasks, pool)
+    source = make_source(args, tasks, pool, suite)
     run_dir = args.runs_dir / args.name
     if args.fresh and (run_dir / "journal.jsonl").exists():
         (run_dir / "journal.jsonl").unlink()
-    journal = Journal(run_dir / "journal.jsonl", settings_of(args, tasks))
+    task_names = sorted(names) if suite is None else sorted(args.tasks or suite.entries)
+    journal = Journal(run_dir / "journal.jsonl", settings_of(args, task_names))
 
     # 1-2) work items, minus what the journal already holds
     items = source.items()
     todo = [i for i in items if i.id not in journal.done]
-    console.print(f"[bold]{args.name}[/]: {len(items)} {args.source} items over {len(tasks)} tasks; "
+    console.print(f"[bold]{args.name}[/]: {len(items)} {source.name} items over {len({i.task for i in items})} tasks; "
                   f"{len(items) - len(todo)} already in {journal.path}, {len(todo)} to do")
 
     # 3) grade and repair, journaling each result as soon as it is known
     known = {e["key"]: Verdict.from_dict(e["verdict"]) for e in journal.entries if e.get("kind") == "repair"}
     prompt = PromptSettings(args.context, args.generation)
     threads = args.workers if args.source == "mutation" else max(args.workers, args.concurrency)
-    with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True,
+    with Evaluator(workers=args.workers, n_seeds=args.seeds, stop_at_first_failure=True, generation=args.generation,
                    **scale_kwargs(args)) as evaluator:
         if args.source == "mutation":
             fresh, stale = fresh_verdicts(pool, evaluator.backend.name)
@@ -214,8 +277,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # are, and a run over chosen tasks or operators asked for what it has
         rows = calibrate(rows, kind_of=lambda r: r["failure_kind"],
                          spread=lambda r: (r["task"], structure(r["repair_code"])))
+    real = args.source not in ("mutation", "model")
     summary = write_dataset(rows, args.out_dir / args.name, args.name, args.validation_fraction,
-                            description=_description(args))
+                            description=_description(args, suite), task_of=suite.task if suite else get_task,
+                            sections=Yield.of(attempts, rows).card_section() if real else "",
+                            license="other" if suite else "apache-2.0")
     elapsed = time.perf_counter() - start
     report = {"attempts": len(attempts), "verified_pairs": len(pairs), "unique": len(unique), "kept": len(rows),
               "failure_kinds": dict(summary.by_kind), "repair_structures": summary.diversity.repair_structures,
@@ -228,7 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _description(args: argparse.Namespace) -> str:
+def _description(args: argparse.Namespace, suite: Any) -> str:
     if args.source == "mutation":
         how = ("Failing kernels are verified correct kernels (task solutions and variant-pool kernels) with one "
                "bug of a kind real models make injected by an AST bug operator of the failure catalogue, or two "
@@ -238,8 +304,34 @@ def _description(args: argparse.Namespace) -> str:
         how = (f"Failing kernels were written by `{args.model}`; repairs and explanations by "
                f"`{args.teacher or args.model}` from the evaluator's feedback (up to {args.max_turns} turns).")
     else:
-        how = f"Failing kernels were replayed from `{args.replay}`."
+        from suites.attempts import models
+
+        where = (f"the generated kernels of {', '.join(args.models or models(suite.root))} in a JAXBench checkout "
+                 f"(commit {checkout_commit(suite.root)}, `pallas_eval/generated/`)" if suite else f"`{args.replay}`")
+        teacher = f", then by `{args.teacher}` (up to {args.max_turns} turns)" if args.teacher else ""
+        how = (f"Failing kernels are real attempts replayed from {where}, graded by our evaluator. Each failure "
+               f"without a repair of its own was repaired by the failure catalogue's repairers, applied as each verdict named its kind and "
+               f"graded after each edit (at most {args.budget} gradings){teacher}; the explanation lists the "
+               "edits applied, in order.")
+        if suite:
+            how += (" JAXBench's files carry no licence: this dataset is for local use, and is never committed "
+                    "or published.")
     return f"{how} System prompt context: `{args.context}` (target {args.generation})."
+
+
+def checkout_commit(root: Path) -> str:
+    """The commit of the git checkout at `root`, or a note that it is none (a folder inside
+    another repository is not its own checkout)."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root.resolve():
+        return "unknown: not a git checkout"
+    return (git("rev-parse", "HEAD") or "unknown")[:12]
 
 
 def _print_summary(console: Any, report: dict[str, Any], attempts: list[dict], summary: Any) -> None:

@@ -36,9 +36,10 @@ def heldout_markers(task: Task) -> list[str]:
     return [line for c in task.select("heldout") if (line := describe_case(task, c)) not in train]
 
 
-def check_clean(row: dict) -> None:
-    """Raise if a row touches a held-out task or case: the dataset must never contain one."""
-    task = get_task(row["task"])
+def check_clean(row: dict, task_of: Callable[[str], Task] = get_task) -> None:
+    """Raise if a row touches a held-out task or case: the dataset must never contain one.
+    `task_of` finds the row's task (a peer suite's, for rows from its checkout)."""
+    task = task_of(row["task"])
     if task.heldout_task:
         raise ContaminationError(f"row {row['id']}: task {task.name} is held out")
     if row["case_split"] != "train":
@@ -243,13 +244,15 @@ class DatasetSummary:
 
 
 def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fraction: float,
-                  description: str) -> DatasetSummary:
-    """Write parquet splits, the card and the figure; return the counts the card states."""
+                  description: str, *, task_of: Callable[[str], Task] = get_task, sections: str = "",
+                  license: str = "apache-2.0") -> DatasetSummary:
+    """Write parquet splits, the card and the figure; return the counts the card states.
+    `sections` is Markdown the card carries after its summary (a real-failure run's yield)."""
     import datasets
 
     datasets.disable_progress_bars()
     for row in rows:
-        check_clean(row)
+        check_clean(row, task_of)
     val = validation_tasks(sorted({r["task"] for r in rows}), validation_fraction)
     splits = {"train": [r for r in rows if not in_validation(r, val)],
               "validation": [r for r in rows if in_validation(r, val)]}
@@ -266,7 +269,7 @@ def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fractio
         Counter(r["origin"] for r in rows), Counter(r.get("failure_kind", "") for r in rows), Diversity.of(rows),
         RuleCounts.of(rows))
     _plot_error_classes(summary, out_dir / "error_classes.png")
-    (out_dir / "README.md").write_text(dataset_card(summary, name, description, sorted(val)))
+    (out_dir / "README.md").write_text(dataset_card(summary, name, description, sorted(val), sections, license))
     return summary
 
 
@@ -301,14 +304,16 @@ def _task_table(summary: DatasetSummary) -> str:
     return "\n".join(lines)
 
 
-def dataset_card(summary: DatasetSummary, name: str, description: str, val_tasks: list[str]) -> str:
+def dataset_card(summary: DatasetSummary, name: str, description: str, val_tasks: list[str], sections: str = "",
+                 license: str = "apache-2.0") -> str:
     # No `configs:` block: with one, `datasets` keys its cache on the file patterns, so a rewritten
     # folder (a rerun, or another dataset of the same name) loads stale rows. Without it, the
     # splits come from the file names (data/train-*, data/validation-*) and the cache key from
     # the files themselves.
     total = sum(summary.splits.values())
+    extra = f"{sections.rstrip()}\n\n" if sections else ""
     return f"""---
-license: apache-2.0
+license: {license}
 task_categories:
 - text-generation
 tags:
@@ -343,14 +348,16 @@ Columns: `id`, `attempt_id`, `task`, `task_version`, `level`, `case_split`, `err
 kernel's verdict status), `failure_kind` (its kind in the failure catalogue, `data_gen/catalogue.py`),
 `failing_stage`, `source` (mutation / model / replay), `origin` (bug operator
 or model), `context` (hardware context in the system prompt), `messages`, `failing_verdict` and
-`repair_verdict` (evaluator verdicts as JSON), `failing_code`, `repair_code`.
+`repair_verdict` (evaluator verdicts as JSON), `failing_code`, `repair_code`, `repaired_by` (what wrote
+the repair: the seed kernel a bug was injected into, `search: <repairers>` for the catalogue's
+repairers, `model: <name>` for a model, `given` for a replayed row's own).
 
 ```python
 import datasets
 ds = datasets.load_dataset("datasets/{name}")
 ```
 
-## Diversity
+{extra}## Diversity
 
 {summary.diversity.table()}
 

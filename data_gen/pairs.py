@@ -32,8 +32,9 @@ class FixitPair:
     error_class: str         # the failing kernel's verdict status
     failure_kind: str        # its kind in the failure catalogue (data_gen/catalogue.py)
     failing_stage: str
-    source: str              # mutation | model | replay
-    origin: str              # bug operator, or model name
+    source: str              # mutation | model | replay | jaxbench
+    origin: str              # bug operator, or the model whose attempt failed
+    repaired_by: str         # what wrote the repair: the seed kernel, search: <repairers>, teacher: <model>, given
     context: str             # none | spec | guide: what the system prompt carried
     messages: list[dict[str, str]]
     failing_verdict: str     # JSON of the evaluator's verdict on the failing kernel
@@ -53,7 +54,7 @@ def verdict_json(verdict: Verdict) -> str:
 
 def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context: str, generation: str,
                failing_answer: str, failing_code: str, failing: Verdict, explanation: str,
-               repair_code: str, repaired: Verdict) -> FixitPair:
+               repair_code: str, repaired: Verdict, repaired_by: str) -> FixitPair:
     """Assemble the row. The caller has confirmed `failing` failed and `repaired` is correct."""
     if failing.ok or not repaired.ok:
         raise ValueError("a pair needs a failing kernel and a correct repair")
@@ -65,5 +66,5 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
         id=pair_id, attempt_id=attempt_id, task=task.name, task_version=task.version, level=task.level,
         case_split=failing.split, error_class=failing.status,
         failure_kind=classify(failing.status, failing.message), failing_stage=failing.stage, source=source,
-        origin=origin, context=context, messages=messages, failing_verdict=verdict_json(failing),
+        origin=origin, repaired_by=repaired_by, context=context, messages=messages, failing_verdict=verdict_json(failing),
         repair_verdict=verdict_json(repaired), failing_code=failing_code, repair_code=repair_code)

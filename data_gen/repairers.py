@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import keyword
+import math
 import re
 from collections.abc import Callable, Iterator
 
@@ -237,22 +238,199 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+# Mosaic's refusal names the block and the array: "block shape (Blocked(block_size=256),
+# Blocked(block_size=2000)), array shape (4096, 393216)".
+_REFUSED_BLOCK = re.compile(r"block shape \(([^()]*(?:\([^()]*\)[^()]*)*)\), array shape \(([\d, ]+)\)")
+
+
+def _misaligned_sizes(message: str) -> dict[int, int]:
+    """From a refusal message, each block size that breaks the (8, 128) rule, with the multiple
+    it rounds up to: the last dim to 128, the one before to 8 (sizes under 8 stay: a block of
+    one row is a layout, not a typo)."""
+    found = _REFUSED_BLOCK.search(message)
+    if not found:
+        return {}
+    block = [int(v) for v in re.findall(r"block_size=(\d+)", found.group(1))]
+    array = [int(v) for v in found.group(2).replace(" ", "").split(",") if v]
+    if len(block) < 2 or len(block) != len(array):
+        return {}
+    sizes = {}
+    if block[-1] % 128 and block[-1] != array[-1]:
+        sizes[block[-1]] = _round_up(block[-1], 128)
+    if block[-2] % 8 and block[-2] != array[-2] and block[-2] >= 8:
+        sizes[block[-2]] = _round_up(block[-2], 8)
+    return sizes
+
+
+def _row_block_refused(message: str) -> bool:
+    """Mosaic refused a block of one row (second-minor size 1) of an array with more rows."""
+    found = _REFUSED_BLOCK.search(message)
+    if not found:
+        return False
+    block = [int(v) for v in re.findall(r"block_size=(\d+)", found.group(1))]
+    array = [int(v) for v in found.group(2).replace(" ", "").split(",") if v]
+    return len(block) >= 2 and len(block) == len(array) and block[-2] == 1 and array[-2] > 1
+
+
+ROWS_PER_BLOCK = 8  # the f32 sublane count: the smallest legal block of rows
+# Reductions a row kernel applies to its row: with ROWS_PER_BLOCK rows each must reduce along the row.
+_ROW_REDUCTIONS = ("jnp.sum", "jnp.mean", "jnp.max", "jnp.min", "jnp.var", "jnp.std", "jnp.prod", "jnp.linalg.norm",
+                   "jax.nn.logsumexp", "jax.scipy.special.logsumexp")
+
+
+def _assigned_tuple(m: _Module, node: ast.AST) -> ast.AST:
+    """A name bound once to a tuple, as that tuple; anything else as itself."""
+    if not isinstance(node, ast.Name):
+        return node
+    values = [a.value for a in m.nodes(ast.Assign)
+              if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == node.id]
+    return values[0] if len(values) == 1 and isinstance(values[0], ast.Tuple) else node
+
+
+def _row_walk(call: ast.Call) -> tuple[ast.AST, int] | None:
+    """(block shape, grid axis) of a BlockSpec whose index map puts a grid index on its rows."""
+    shape = call.args[0] if call.args and not isinstance(call.args[0], ast.Lambda) else next(
+        (k.value for k in call.keywords if k.arg in ("block_shape", "block_size")), None)
+    index_map = next((a for a in call.args if isinstance(a, ast.Lambda)),
+                     next((k.value for k in call.keywords if k.arg == "index_map"), None))
+    if shape is None or not isinstance(index_map, ast.Lambda) or not isinstance(index_map.body, ast.Tuple):
+        return None
+    first, params = index_map.body.elts[0], [a.arg for a in index_map.args.args]
+    if len(index_map.body.elts) != 2 or not isinstance(first, ast.Name) or first.id not in params:
+        return None
+    return shape, params.index(first.id)
+
+
+def _repair_row_blocks(m: _Module) -> None:
+    """Blocks of one row, (1, D), become blocks of ROWS_PER_BLOCK rows: the block, the grid
+    axis that walks the rows (cdiv), and the row kernels (`ref[0, :]` -> `ref[...]`, each
+    reduction along the row with its dim kept)."""
+    axes = set()
+    specs = list(m.calls("pl.BlockSpec"))
+    for call in specs:
+        walk = _row_walk(call)
+        if walk is None:
+            continue
+        shape = _assigned_tuple(m, walk[0])
+        if not (isinstance(shape, ast.Tuple) and len(shape.elts) == 2 and _int_value(shape.elts[0]) == 1):
+            continue
+        axes.add(walk[1])
+        shared = isinstance(walk[0], ast.Name) and any(
+            _row_walk(other) is None for other in specs
+            if other.args and isinstance(other.args[0], ast.Name) and other.args[0].id == walk[0].id)
+        if shared:  # a name that also shapes a block not walking the rows (a (1, D) weight): spell it out here
+            m.rewrite(walk[0], f"({ROWS_PER_BLOCK}, {m.text(shape.elts[1])})")
+        else:
+            m.rewrite(shape.elts[0], str(ROWS_PER_BLOCK))
+    if not axes:
+        return
+    for grid in (k.value for c in m.nodes(ast.Call) for k in c.keywords if k.arg == "grid"):
+        grid = _assigned_tuple(m, grid)
+        for axis in axes:
+            if isinstance(grid, ast.Tuple) and axis < len(grid.elts):
+                m.rewrite(grid.elts[axis], f"pl.cdiv({m.text(grid.elts[axis])}, {ROWS_PER_BLOCK})")
+    for kernel in m.kernels:
+        refs = {a.arg for a in kernel.args.args}
+        for sub in (n for n in ast.walk(kernel) if isinstance(n, ast.Subscript)):
+            index = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else [sub.slice]
+            rest_whole = all(isinstance(e, ast.Slice) and e.lower is e.upper is e.step is None
+                             or isinstance(e, ast.Constant) and e.value is Ellipsis for e in index[1:])
+            if (isinstance(sub.value, ast.Name) and sub.value.id in refs and _int_value(index[0]) == 0
+                    and rest_whole):
+                m.rewrite(sub, f"{sub.value.id}[...]")
+        for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
+            if dotted_name(call.func) in _ROW_REDUCTIONS and call.args:
+                _reduce_along_rows(m, call)
+
+
+def _reduce_along_rows(m: _Module, call: ast.Call) -> None:
+    """`jnp.sum(x)` / `jnp.sum(x, axis=0)` -> `jnp.sum(x, axis=-1, keepdims=True)`, editing only
+    the axis and keepdims arguments (the operand may hold edits of its own)."""
+    wanted = {"axis": "-1", "keepdims": "True"}
+    given = {k.arg: k.value for k in call.keywords if k.arg in wanted}
+    if len(call.args) > 1:
+        given.setdefault("axis", call.args[1])
+    for name, value in given.items():
+        m.rewrite(value, wanted[name])
+    missing = [f"{name}={value}" for name, value in wanted.items() if name not in given]
+    if missing:
+        _append_argument(m, call, ", ".join(missing))
+
+
 @_with_module
 def repair_block_alignment(m: _Module, message: str) -> None:
-    """Round block-size literals that are not multiples of (8, 128) up to a multiple of 128."""
+    """Round block-size literals that are not multiples of (8, 128) up to a multiple of 128;
+    with Mosaic's refusal, the sizes it names, wherever such a literal feeds a block shape, and
+    a block of one row becomes a block of eight (_repair_row_blocks)."""
+    if _row_block_refused(message):
+        _repair_row_blocks(m)
+        return
+    named = _misaligned_sizes(message)
     for node, last in _block_literals(m):
         v = node.value
-        if v < 16:
-            continue
-        if v % 8 or (last and v % 128):
+        if v in named:
+            m.rewrite(node, str(named[v]))
+        elif v >= 16 and (v % 8 or (last and v % 128)):
             m.rewrite(node, str(_round_up(v, 128)))
+
+
+# Our VMEM refusal: "needs at least 48.0 MiB of VMEM ... over the default scoped VMEM limit of 32 MiB
+# on v6e", or "... over vmem_limit_bytes=62914560 (physical 128 MiB)" when the kernel set a limit.
+_OVER_LIMIT = re.compile(r"needs at least ([\d.]+) MiB of VMEM.*over (?:the default scoped VMEM limit of [\d.]+ MiB "
+                         r"on (\w+)|vmem_limit_bytes=\d+ \(physical (\d+) MiB\))", re.S)
+VMEM_HEADROOM = 1.25  # the limit asked for, over the bytes the blocks need: the compiler's own scratch
+
+
+def _raise_scoped_limit(m: _Module, message: str) -> bool:
+    """Blocks over the scoped VMEM limit that fit the chip: ask for a limit that holds them, in
+    whole MiB, when it stays within three quarters of the chip's VMEM: the kernel's own
+    `vmem_limit_bytes` raised, or `compiler_params=pltpu.CompilerParams(vmem_limit_bytes=...)`."""
+    from evaluator.hardware import GENERATIONS, MiB
+
+    found = _OVER_LIMIT.search(message)
+    if found is None:
+        return False
+    generation = GENERATIONS.get(found.group(2) or "")
+    physical = generation.vmem_bytes if generation else int(found.group(3) or 0) * MiB
+    limit = math.ceil(float(found.group(1)) * VMEM_HEADROOM) * MiB
+    calls = list(m.calls("pl.pallas_call"))
+    if not calls or limit > 0.75 * physical:
+        return False
+    own = [k.value for c in m.nodes(ast.Call) for k in c.keywords if k.arg == "vmem_limit_bytes"]
+    for value in own:
+        m.rewrite(value, str(limit))
+    if own:
+        return True
+    for call in calls:
+        params = next((k.value for k in call.keywords if k.arg == "compiler_params"), None)
+        if isinstance(params, ast.Call):
+            _append_argument(m, params, f"vmem_limit_bytes={limit}")
+        elif params is None:
+            _append_argument(m, call, f"compiler_params=pltpu.CompilerParams(vmem_limit_bytes={limit})")
+    return True
+
+
+def _append_argument(m: _Module, call: ast.Call, text: str) -> None:
+    """Add `text` as the call's last argument, right after the current last one (a trailing
+    comma and the closing parenthesis stay where they are)."""
+    last = max([*call.args, *(k.value for k in call.keywords)], key=lambda n: (n.end_lineno, n.end_col_offset),
+               default=None)
+    if last is None:
+        end = m.offset(call.end_lineno, call.end_col_offset) - 1
+        m.edit(end, end, text)
+        return
+    end = m.offset(last.end_lineno, last.end_col_offset)
+    m.edit(end, end, f", {text}")
 
 
 @_with_module
 def repair_vmem_exhaustion(m: _Module, message: str) -> None:
-    """Halve the largest block-size literal (>= 256) feeding a BlockSpec. Any kernel with blocks
+    """Blocks over the default scoped VMEM limit that fit the chip: raise the limit. Otherwise
+    halve the largest block-size literal (>= 256) feeding a BlockSpec. Any kernel with blocks
     has one, so with a message, only when it is about memory."""
     if message and not re.search(r"vmem|memory|exhaust|alloc|out of|too large", message, re.I):
+        return
+    if _raise_scoped_limit(m, message):
         return
     for call in m.calls("pl.pallas_call"):
         if not any(k.arg in ("grid", "grid_spec") for k in call.keywords):
@@ -472,6 +650,24 @@ def repair_api_misuse(m: _Module, message: str) -> None:
             first, second = m.text(call.args[0]), m.text(call.args[1])
             m.rewrite(call.args[0], second)
             m.rewrite(call.args[1], first)
+    for call in m.calls("pl.when"):  # pl.when(cond, body): the decorator called as a function
+        if len(call.args) == 2 and not call.keywords:
+            m.rewrite(call, f"pl.when({m.text(call.args[0])})({m.text(call.args[1])})")
+    for call in m.calls("pltpu.repeat"):
+        _tile(m, call)
+
+
+def _tile(m: _Module, call: ast.Call) -> None:
+    """`pltpu.repeat(x, n, axis)`, which this JAX lacks, as what it computed: n copies of x side
+    by side along the axis; `pltpu.repeat(x, (r0, r1))` as `jnp.tile(x, (r0, r1))`."""
+    axis = next((k.value for k in call.keywords if k.arg == "axis"), call.args[2] if len(call.args) > 2 else None)
+    if len(call.args) < 2 or _int_value(call.args[1]) == 0:
+        return
+    x, reps = m.text(call.args[0]), call.args[1]
+    if isinstance(reps, ast.Tuple) and axis is None:
+        m.rewrite(call, f"jnp.tile({x}, {m.text(reps)})")
+    elif axis is not None and not isinstance(reps, ast.Tuple):
+        m.rewrite(call, f"jnp.concatenate([{x}] * {m.text(reps)}, axis={m.text(axis)})")
 
 
 # --- constants captured by a kernel ---------------------------------------------------------------

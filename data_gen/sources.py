@@ -7,14 +7,12 @@ reason it was dropped). Items have stable ids, which is what lets a killed run r
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from chat import prompts
@@ -38,6 +36,8 @@ from tasks.spec import Task
 
 SPLIT = "train"  # attempts are graded on train cases only: held-out cases never reach the data
 STAGE_ORDER = {name: i for i, name in enumerate(STAGE_NAMES)}
+# What repairs a mutant: the correct kernel its bug went into (the pair's `repaired_by`).
+SEED_KERNEL = "seed kernel"
 # One compound bug (two bugs, one repair) per task when its budget has room for it.
 COMPOUND_MIN_BUDGET = 6
 
@@ -113,11 +113,12 @@ class DropReason(StrEnum):
     TEXT_RULES = "text rules"                      # the row breaks a rule on model-facing text
     GIVEAWAY = "giveaway"                          # failing and repair differ beyond the fix
     CORRECT_FIRST_TRY = "correct on the first try"
-    NOT_REPAIRED = "not repaired"                  # the model's turns ran out
+    NOT_REPAIRED = "not repaired"                  # no repair confirmed: the search or the model's turns ran out
+    TRUNCATED = "truncated"                        # an answer cut off mid-code: its intent is gone
     ATTEMPT_CORRECT = "attempt is correct"         # a replayed attempt that passes
-    NO_REPAIR = "no repair"                        # a replayed row without one, and no teacher
     GRADER_LIMIT = "grader_limit"                  # the evaluator could not run the attempt
     NO_EXPLANATION = "no explanation"              # a repair that came without one
+    NOT_LOADED = "task not loaded"                 # a peer suite's task that does not load here
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ class MutationSource:
         pair = build_pair(task, attempt_id=mutant.id, source=self.name, origin=mutant.operator,
                           context=prompt.context, generation=prompt.generation,
                           failing_answer=graded.answer(), failing_code=graded.code, failing=failing,
-                          explanation=explanation, repair_code=repair, repaired=repaired)
+                          explanation=explanation, repair_code=repair, repaired=repaired,
+                          repaired_by=SEED_KERNEL)
         broken = row_violations(pair.to_dict())
         if broken:
             return drop(failing, DropReason.TEXT_RULES, ", ".join(broken))
@@ -274,9 +276,10 @@ class ModelItem:
     sample: int
 
 
-def code_of(answer: str) -> str | None:
+def code_of(answer: str, task: Task | None = None) -> str | None:
+    """The answer's code as the evaluator extracts it for `task`, or None."""
     try:
-        return extract_code(answer)
+        return extract_code(answer, task.entry_points if task else "kernel")
     except ExtractionError:
         return None
 
@@ -306,35 +309,43 @@ class ModelSource:
     def process(self, item: ModelItem, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
         task = get_task(item.task)
         head = prompts.task_messages(task, prompt.context, prompt.generation)
-        fixer = self.teacher or self.model
         answer = self.model.complete(head, temperature=self.temperature, max_tokens=self.max_tokens,
                                      seed=seed_for(item.id))
-        first = verdict = grader.grade(task, answer)
-        turns = [_turn(self.model.name, answer, verdict)]
-        for turn in range(1, self.max_turns + 1):
-            if verdict.ok:
-                break
-            reply = fixer.complete(prompts.repair_messages(head, answer, verdict), temperature=self.temperature, max_tokens=self.max_tokens,
-                                   seed=seed_for(f"{item.id}:{turn}"))
-            repaired = grader.grade(task, reply)
-            turns.append(_turn(fixer.name, reply, repaired))
-            if repaired.ok:
-                pair, dropped = _pair_from_reply(task, item.id, self.name, fixer.name, prompt,
-                                                 answer, verdict, reply, repaired)
-                return attempt_entry(item.id, task, self.name, self.model.name, first, pair, dropped,
-                                     turns=turns)
-            answer, verdict = reply, repaired  # the fixer's failed repair is the next failing attempt
-        dropped = (Dropped(DropReason.CORRECT_FIRST_TRY) if first.ok
-                   else Dropped(DropReason.NOT_REPAIRED, f"{self.max_turns} turns tried"))
-        return attempt_entry(item.id, task, self.name, self.model.name, first, dropped=dropped, turns=turns)
+        first = grader.grade(task, answer)
+        turns = [_turn(self.model.name, answer, first)]
+        if first.ok:
+            return attempt_entry(item.id, task, self.name, self.model.name, first,
+                                 dropped=Dropped(DropReason.CORRECT_FIRST_TRY), turns=turns)
+        fixer = self.teacher or self.model
+        pair, dropped = repair_loop(task, head, answer, first, fixer, grader, self.max_turns, turns, item.id,
+                                    self.name, self.model.name, prompt, self.temperature, self.max_tokens)
+        return attempt_entry(item.id, task, self.name, self.model.name, first, pair, dropped, turns=turns)
+
+
+def repair_loop(task: Task, head: list[dict[str, str]], answer: str, verdict: Verdict, fixer: ChatModel,
+                grader: SeededGrading, max_turns: int, turns: list[dict[str, Any]], item_id: str, source: str,
+                origin: str, prompt: PromptSettings, temperature: float | None, max_tokens: int):
+    """Up to `max_turns` turns of the evaluator's feedback to `fixer`; the first repair the
+    evaluator confirms makes the pair, with the attempt it repaired (a failed repair is the next
+    failing attempt). Each turn is appended to `turns`. Returns (pair, dropped)."""
+    for turn in range(1, max_turns + 1):
+        reply = fixer.complete(prompts.repair_messages(head, answer, verdict), temperature=temperature,
+                               max_tokens=max_tokens, seed=seed_for(f"{item_id}:{turn}"))
+        repaired = grader.grade(task, reply)
+        turns.append(_turn(fixer.name, reply, repaired))
+        if repaired.ok:
+            return pair_from_reply(task, item_id, source, origin, prompt, answer, verdict, reply, repaired,
+                                   f"model: {fixer.name}")
+        answer, verdict = reply, repaired
+    return None, Dropped(DropReason.NOT_REPAIRED, f"{max_turns} turns of {fixer.name} tried")
 
 
 def _turn(model: str, answer: str, verdict: Verdict) -> dict[str, Any]:
     return {"model": model, "answer": answer, "status": verdict.status, "message": verdict.message}
 
 
-def _pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prompt: PromptSettings,
-                     failing_answer: str, failing: Verdict, reply: str, repaired: Verdict):
+def pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prompt: PromptSettings,
+                    failing_answer: str, failing: Verdict, reply: str, repaired: Verdict, repaired_by: str):
     """A pair from a confirmed repair; the reply's prose (outside code) is the explanation."""
     if failing.status == Status.GRADER_LIMIT:  # the grader could not run the attempt: no fault is confirmed
         return None, Dropped(DropReason.GRADER_LIMIT, "the evaluator could not run the attempt, so no failure "
@@ -344,78 +355,7 @@ def _pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prom
         return None, Dropped(DropReason.NO_EXPLANATION, "the repair came without one")
     pair = build_pair(task, attempt_id=attempt_id, source=source, origin=origin, context=prompt.context,
                       generation=prompt.generation, failing_answer=failing_answer,
-                      failing_code=code_of(failing_answer) or failing_answer, failing=failing,
-                      explanation=explanation, repair_code=extract_code(reply), repaired=repaired)
+                      failing_code=code_of(failing_answer, task) or failing_answer, failing=failing,
+                      explanation=explanation, repair_code=extract_code(reply, task.entry_points),
+                      repaired=repaired, repaired_by=repaired_by)
     return pair, None
-
-
-# --- replay ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ReplayItem:
-    id: str
-    task: str
-    attempt: str
-    repair: str | None = None
-    explanation: str | None = None
-    model: str = "replay"
-
-
-def read_replay(path: Path) -> list[ReplayItem]:
-    """Rows of {"task", "attempt", optional "repair", "explanation", "model"}; ids from content."""
-    if not path.is_file():
-        raise FileNotFoundError(f"replay file not found: {path}")
-    items = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            get_task(row["task"])
-            attempt = row["attempt"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{number}: not a replay row ({exc}); expected JSON with task and attempt")
-        digest = hashlib.sha256(f"{row['task']}\0{attempt}\0{row.get('repair')}".encode()).hexdigest()[:16]
-        items.append(ReplayItem(f"{row['task']}:replay:{digest}", row["task"], attempt, row.get("repair"),
-                                row.get("explanation"), row.get("model", "replay")))
-    return items
-
-
-@dataclass
-class ReplaySource:
-    """Previously generated attempts (from any tool), graded and repaired like the others."""
-
-    path: Path
-    teacher: ChatModel | None
-    max_tokens: int
-    allowed_tasks: set[str] = field(default_factory=set)
-    name: str = "replay"
-
-    def items(self) -> list[ReplayItem]:
-        return [i for i in read_replay(self.path) if not self.allowed_tasks or i.task in self.allowed_tasks]
-
-    def process(self, item: ReplayItem, grader: SeededGrading, prompt: PromptSettings) -> dict[str, Any]:
-        task = get_task(item.task)
-        failing = grader.grade(task, item.attempt)
-        if failing.ok:
-            return attempt_entry(item.id, task, self.name, item.model, failing,
-                                 dropped=Dropped(DropReason.ATTEMPT_CORRECT))
-        reply = item.repair
-        if reply is not None and item.explanation:
-            code = code_of(reply) or reply
-            reply = f"{item.explanation}\n\n{prompts.code_block(code)}"
-        if reply is None:
-            if self.teacher is None:
-                return attempt_entry(item.id, task, self.name, item.model, failing,
-                                     dropped=Dropped(DropReason.NO_REPAIR,
-                                                     "the row has none and no --teacher was given"))
-            conversation = prompts.repair_messages(prompts.task_messages(task, prompt.context, prompt.generation),
-                                                   item.attempt, failing)
-            reply = self.teacher.complete(conversation, max_tokens=self.max_tokens, seed=seed_for(item.id))
-        repaired = grader.grade(task, reply)
-        if not repaired.ok:
-            return attempt_entry(item.id, task, self.name, item.model, failing,
-                                 dropped=Dropped(DropReason.REPAIR_NOT_CONFIRMED, repaired.status))
-        pair, dropped = _pair_from_reply(task, item.id, self.name, item.model, prompt, item.attempt,
-                                         failing, reply, repaired)
-        return attempt_entry(item.id, task, self.name, item.model, failing, pair, dropped)

@@ -93,11 +93,17 @@ def test_unreachable_endpoint_fails_fast_with_one_line(tmp_path, capsys):
 
 def test_replay_source(tmp_path):
     replay = tmp_path / "attempts.jsonl"
+    cut = SOLUTION["softmax"][: SOLUTION["softmax"].index("pl.pallas_call(") + len("pl.pallas_call(")]
     rows = [
         {"task": "matmul", "attempt": fenced(bug("matmul", "drop_accumulator_init")),
          "repair": fenced(SOLUTION["matmul"]), "explanation": EXPLAIN, "model": "old-run"},
         {"task": "softmax", "attempt": fenced(SOLUTION["softmax"])},
-        {"task": "rms_norm", "attempt": fenced(bug("rms_norm", "interpret_flag"))},
+        # no repair given: the search repairs it with the interpret_flag repairer
+        {"task": "rms_norm", "attempt": fenced(bug("rms_norm", "interpret_flag")), "model": "old-run"},
+        # cut off mid-code: not searched, and without a teacher not repaired
+        {"task": "softmax", "attempt": f"Here it is.\n```python\n{cut}"},
+        # a wrong value the catalogue's repairers have no edit for
+        {"task": "matmul", "attempt": fenced(bug("matmul", "drop_accumulator_init"))},
         # a kernel the grader cannot run yet: no failure is confirmed, so no pair
         {"task": "softmax", "attempt": fenced(read_candidate("grader_limit_custom_linear_solve")),
          "repair": fenced(SOLUTION["softmax"]), "explanation": "Called the kernel directly."},
@@ -106,12 +112,65 @@ def test_replay_source(tmp_path):
     code = main(["--source", "replay", "--replay", str(replay), "--workers", "1", "--out-dir", str(tmp_path),
                  "--runs-dir", str(tmp_path / "runs"), "--name", "r", "--validation-fraction", "0"])
     assert code == 0
-    kept = load_rows(tmp_path / "r")
-    assert [(r["task"], r["origin"], r["error_class"]) for r in kept] == [("matmul", "old-run", "wrong_output")]
-    dropped = sorted(json.loads(x).get("dropped") or "" for x in
-                     (tmp_path / "runs" / "r" / "journal.jsonl").read_text().splitlines())
-    assert "attempt is correct" in dropped and "no repair: the row has none and no --teacher was given" in dropped
-    assert any(reason.startswith("grader_limit: ") for reason in dropped)
+    kept = {r["task"]: r for r in load_rows(tmp_path / "r")}
+    assert {t: (r["origin"], r["error_class"], r["repaired_by"]) for t, r in kept.items()} == {
+        "matmul": ("old-run", "wrong_output", "given"),
+        "rms_norm": ("old-run", "policy_violation", "search: interpret_flag")}
+    searched = kept["rms_norm"]["messages"][-1]["content"]
+    assert searched.startswith("One fix makes the kernel correct:\n1. `interpret=True` left in the pallas_call.")
+    assert "interpret=True" not in kept["rms_norm"]["repair_code"]
+    entries = [json.loads(x) for x in (tmp_path / "runs" / "r" / "journal.jsonl").read_text().splitlines()]
+    dropped = sorted(e.get("drop_reason") or "" for e in entries if e.get("kind") == "attempt")
+    assert dropped == ["", "", "attempt is correct", "grader_limit", "not repaired", "truncated"]
+    card = (tmp_path / "r" / "README.md").read_text()
+    assert "| wrong_values | 2 | 0 | 1 | 1 |" in card and "| prose_in_code | 1 | 1 | 0 | 0 |" in card
+    assert "| search: interpret_flag | 1 |" in card
+
+
+def test_a_rebench_journal_replays_into_pairs_with_a_teacher(tmp_path):
+    """Models' own failing turns (training.rebench --turns 2: a tiny local model that answers
+    garbage, and a served one) become pairs: the search repairs what it can, a teacher the
+    rest, over several turns of our feedback."""
+    from training.rebench import main as rebench
+    from training.tiny_model import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny", ["Write a Pallas kernel. ```python\ndef kernel(x): return x\n```"] * 50,
+                            vocab_size=300, hidden=32, layers=1)
+
+    def served(messages: list[dict], name: str) -> str:
+        task = messages[1]["content"].split("`")[1]
+        if name == "student":
+            return fenced(bug("softmax", "interpret_flag")) if task == "softmax" else "I would tile it."
+        if task == "softmax":
+            return "The rows need a max subtracted first.\n\n" + fenced(SOLUTION["softmax"])
+        # matmul: wrong at the teacher's first turn, right at its second (shown its own failed repair)
+        if messages[2]["content"].startswith("The kernel needs the accumulator."):
+            return "It has to zero the accumulator first.\n\n" + fenced(SOLUTION["matmul"])
+        return "The kernel needs the accumulator.\n\n" + fenced(bug("matmul", "drop_accumulator_init"))
+
+    with FakeOpenAIServer(served, models=("student", "teacher")) as server:
+        assert rebench(["--model", f"student=student@{server.base_url}", "--model", f"tiny={tiny}",
+                        "--task", "softmax", "--task", "matmul", "--samples", "1", "--turns", "2",
+                        "--max-tokens", "16", "--workers", "1", "--out", str(tmp_path / "rb")]) == 0
+        code = main(["--source", "replay", "--replay", str(tmp_path / "rb" / "journal.jsonl"), "--teacher", "teacher",
+                     "--teacher-base-url", server.base_url, "--max-turns", "2", "--workers", "1",
+                     "--out-dir", str(tmp_path), "--runs-dir", str(tmp_path / "runs"), "--name", "j",
+                     "--validation-fraction", "0"])
+    assert code == 0
+    rows = load_rows(tmp_path / "j")
+    made = {(r["task"], r["origin"], r["repaired_by"]) for r in rows}
+    assert ("softmax", "student", "search: interpret_flag") in made
+    assert ("softmax", "tiny", "model: teacher") in made
+    # every matmul failure ends in the same teacher repair of the same failed repair: one row after dedupe
+    matmul = [r for r in rows if r["task"] == "matmul"]
+    assert len(matmul) == 1 and matmul[0]["repaired_by"] == "model: teacher"
+    # the pair keeps the attempt the confirmed repair answered: the teacher's own first, failed, repair
+    assert matmul[0]["messages"][2]["content"].startswith("The kernel needs the accumulator.")
+    assert matmul[0]["error_class"] == "wrong_output"
+    assert matmul[0]["messages"][4]["content"].startswith("It has to zero the accumulator first.")
+    entries = [json.loads(x) for x in (tmp_path / "runs" / "j" / "journal.jsonl").read_text().splitlines()]
+    turns = [[t["status"] for t in e["turns"]] for e in entries if e.get("task") == "matmul" and e.get("turns")]
+    assert turns and all(t == ["wrong_output", "correct"] for t in turns)
 
 
 @pytest.mark.parametrize("line", ['{"task": "matmul"}', "not json", '{"task": "nope", "attempt": "x"}'])

@@ -54,12 +54,66 @@ def test_block_alignment_rounds_literals_that_feed_blockspecs():
     assert repair("block_alignment", direct) == direct.replace("bm = 100", "bm = 128").replace("250", "256")
 
 
+ROW_KERNEL = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _rows(x_ref, o_ref):
+    x = x_ref[0, :]
+    o_ref[0, :] = x / jnp.sum(jnp.abs(x))
+
+
+def kernel(x):
+    n, d = x.shape
+    return pl.pallas_call(_rows, grid=(n,), in_specs=[pl.BlockSpec((1, d), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((1, d), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+"""
+REFUSED_ROW = ("ValueError: The Pallas TPU lowering currently requires that the last two dimensions of your block "
+               "shape are divisible by 8 and 128 respectively, or be equal to the respective dimensions of the "
+               "overall array. Block spec for args[0] in pallas_call _rows at candidate.py:12 has block shape "
+               "(Blocked(block_size=1), Blocked(block_size=2048)), array shape (2048, 2048), and index_map")
+
+
+def test_a_block_of_one_row_becomes_eight_rows_reduced_along_the_row():
+    fixed = repair("block_alignment", ROW_KERNEL, REFUSED_ROW)
+    assert fixed is not None
+    assert "x = x_ref[...]" in fixed and "o_ref[...] = x / jnp.sum(jnp.abs(x), axis=-1, keepdims=True)" in fixed
+    assert "grid=(pl.cdiv(n, 8),)" in fixed and fixed.count("pl.BlockSpec((8, d), lambda i: (i, 0))") == 2
+    # without Mosaic's refusal naming a one-row block, the row layout is left alone
+    assert repair("block_alignment", ROW_KERNEL, "") is None
+    # a block name shared with a (1, d) weight that every step reads whole: the weight's block stays
+    shared = ROW_KERNEL.replace("    n, d = x.shape\n", "    n, d = x.shape\n    block = (1, d)\n").replace(
+        "in_specs=[pl.BlockSpec((1, d), lambda i: (i, 0))]",
+        "in_specs=[pl.BlockSpec(block, lambda i: (i, 0)), pl.BlockSpec(block, lambda i: (0, 0))]")
+    fixed = repair("block_alignment", shared, REFUSED_ROW)
+    assert "block = (1, d)" in fixed and "pl.BlockSpec((8, d), lambda i: (i, 0)), pl.BlockSpec(block, lambda i: (0, 0))" \
+        in fixed
+
+
 def test_vmem_exhaustion_halves_the_largest_block():
     src = _sub(SOFTMAX, "BLOCK_ROWS = 512", "BLOCK_ROWS = 4096")
     out = repair("vmem_exhaustion", src, "RESOURCE_EXHAUSTED: ran out of VMEM")
     assert out == _sub(SOFTMAX, "BLOCK_ROWS = 512", "BLOCK_ROWS = 2048")
     no_grid = ("def kernel(x):\n    return pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)\n")
     assert repair("vmem_exhaustion", no_grid, "out of VMEM") is None
+
+
+def test_blocks_over_the_scoped_limit_that_fit_the_chip_ask_for_a_limit():
+    over = ("kernel _rows at case c needs at least {} MiB of VMEM for its pipelined blocks and scratch (in (8, 2048) "
+            "float32 x2), over the default scoped VMEM limit of 32 MiB on v6e; a TPU compiler would reject it")
+    fixed = repair("vmem_exhaustion", ROW_KERNEL, over.format("48.0"))
+    assert fixed == ROW_KERNEL.replace("out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)",
+                                       "out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), "
+                                       "compiler_params=pltpu.CompilerParams(vmem_limit_bytes=62914560))(x)")
+    # more than three quarters of the chip's 128 MiB: no limit is asked for, and no literal is there to halve
+    assert repair("vmem_exhaustion", ROW_KERNEL, over.format("120.0")) is None
+    # over the kernel's own limit: that limit is raised
+    own = ("kernel _rows needs at least 60.0 MiB of VMEM for its pipelined blocks and scratch, over "
+           "vmem_limit_bytes=62914560 (physical 128 MiB); a TPU compiler would reject it")
+    assert repair("vmem_exhaustion", fixed, own) == fixed.replace("62914560", str(75 * 2 ** 20))
 
 
 KERNEL_IF = '''\
@@ -101,6 +155,11 @@ def test_api_misuse():
     assert repair("api_misuse", src) == SOFTMAX
     assert repair("api_misuse", "s = pl.BlockSpec(memory_space=pltpu.TPUMemorySpace.ANY)\n") == \
         "s = pl.BlockSpec(memory_space=pl.ANY)\n"
+    # APIs real models call that this JAX has not (GPT-5.3 on JAXBench): pl.when as a function, pltpu.repeat
+    assert repair("api_misuse", "pl.when(k == 0, init)\n") == "pl.when(k == 0)(init)\n"
+    assert repair("api_misuse", "w = pltpu.repeat(w, x.shape[0], axis=0)\n") == \
+        "w = jnp.concatenate([w] * x.shape[0], axis=0)\n"
+    assert repair("api_misuse", "a = pltpu.repeat(a, (1, n))\n") == "a = jnp.tile(a, (1, n))\n"
 
 
 def test_captured_constant():

@@ -4,7 +4,8 @@ kernels graded by us beside their own verdicts.
 The fixture checkout (tests/peer_suites/jaxbench/pallas_eval) holds two models' answers in their
 format, with their records: a correct softmax, a LeakyReLU with its branches swapped that their
 all-zero weights let pass, a truncated answer, an answer our policy refuses whose run on their
-side timed out, answers whose task is not in the checkout or does not load.
+side timed out, answers whose task is not in the checkout or does not load; a third model's softmax with two
+bugs the repair search fixes (tests/test_real_failures.py).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_files_are_paired_as_their_harness_pairs_them_none_dropped():
     assert task_name("jaxkernelbench_level2", "12_Gemm") == "kernelbench-jax/level2/12_Gemm"
     assert task_name("priority_kernels", "gemm") == "jaxbench-priority/gemm"
     attempts = {a.key: a for a in discover(FIXTURE)}
-    assert len(attempts) == 7
+    assert len(attempts) == 8
     assert attempts["alpha/jaxkernelbench_level1/23_Softmax.py"].task == SOFTMAX
     assert attempts["alpha/priority_kernels/gemm.py"].theirs is None  # no record: listed all the same
     assert attempts["alpha/jaxkernelbench_level1/19_ReLU.py"].theirs.verdict == "infrastructure"
@@ -146,7 +147,7 @@ def test_the_report_and_its_resumable_journal(tmp_path, capsys, monkeypatch):
     assert rows["beta/50_Conv2D_Weights_From_Torch.py"]["ours"]["message"].startswith("the task does not load")
     assert rows["alpha/gemm.py"]["ours"]["message"] == "no task: jaxbench-priority/gemm is not in the checkout"
     lines = journal.read_text().splitlines()
-    assert len(lines) == 4  # the graded ones; what has no task or does not load is not journaled
+    assert len(lines) == 5  # the graded ones; what has no task or does not load is not journaled
     assert {json.loads(l)["key"] for l in lines} >= {"alpha/jaxkernelbench_level1/23_Softmax.py"}
 
     def no_grading(*args, **kwargs):
@@ -164,7 +165,7 @@ def test_the_report_and_its_resumable_journal(tmp_path, capsys, monkeypatch):
 
 def test_unknown_models_and_tasks_are_usage_errors(tmp_path, capsys):
     code, _, err = _run(capsys, "--attempts", "nobody", "--journal", str(tmp_path / "j.jsonl"))
-    assert code == 2 and "nobody" in err and "alpha, beta" in err
+    assert code == 2 and "nobody" in err and "alpha, beta, gamma" in err
     code, _, err = _run(capsys, "--attempts", "--task", "kernelbench-jax/level1/1_Nothing",
                         "--journal", str(tmp_path / "j.jsonl"))
     assert code == 2 and "no generated kernel answers kernelbench-jax/level1/1_Nothing" in err

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_module
+from tests.conftest import ROOT, require_module
 
 for _module in ("trl", "peft", "torch"):
     require_module(_module, "pip install -e '.[train]'")
@@ -125,3 +125,32 @@ def test_a_model_neither_local_nor_reachable_fails_at_once(tmp_path, capsys, mon
     err = capsys.readouterr().err.strip()
     assert "not a local directory" in err and len(err.splitlines()) == 1
     assert time.perf_counter() - start < 10
+
+
+def test_a_dataset_mix_trains_on_both_datasets(workdir, tmp_path):
+    """dataset_mix: concatenated without weights, drawn by weight (the small one repeated) with them."""
+    real = tmp_path / "real" / "data"
+    real.mkdir(parents=True)
+    datasets.Dataset.from_list([fixit_row(i) for i in (10, 11)]).to_parquet(real / "train-00000-of-00001.parquet")
+
+    def prompts(*extra: str) -> list[str]:
+        trainer = build_trainer(*args_for(workdir, "mix", "--max_steps", "1", *extra))
+        return [r["prompt"][1]["content"] for r in trainer.train_dataset]
+
+    both = prompts("--dataset_mix", str(real.parent))
+    assert sorted(both) == sorted(f"Write kernel number {i} for softmax." for i in (0, 1, 2, 10, 11))
+    weighted = prompts("--dataset_mix", f"{real.parent}:3")
+    assert set(weighted) == set(both) and len(weighted) > len(both)  # until both are seen whole
+
+
+def test_the_tiny_offline_config_trains_on_a_mix(tmp_path, capsys):
+    real = tmp_path / "real" / "data"
+    real.mkdir(parents=True)
+    datasets.Dataset.from_list([fixit_row(i) for i in (10, 11)]).to_parquet(real / "train-00000-of-00001.parquet")
+    assert main(["--config", str(ROOT / "configs" / "fixit-tiny.yaml"), "--model_name_or_path", str(tmp_path / "model"),
+                 "--output_dir", str(tmp_path / "out"), "--dataset_mix", f"{real.parent}:0.5", "--max_steps", "2",
+                 "--tiny_hidden_size", "32", "--tiny_num_layers", "1"]) == 0
+    assert json.loads((tmp_path / "out" / "training_summary.json").read_text())["steps"] == 2
+    assert main(["--config", str(ROOT / "configs" / "fixit-tiny.yaml"), "--dataset_mix", f"{real.parent}:-1",
+                 "--output_dir", str(tmp_path / "bad")]) == 2
+    assert "dataset weights must be positive" in capsys.readouterr().err

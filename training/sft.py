@@ -12,6 +12,9 @@ Fixit row becomes a prompt (system, task, failing kernel, feedback) and a comple
 explanation and the fix), so the loss covers only the last assistant message, end-of-turn
 token included, and the model learns to stop. `dataset_tasks` and `dataset_ids` keep only some
 rows (e.g. the rows that share one repair kernel); by default every row of the split is used.
+`dataset_mix` adds more Fixit datasets (a real-failure dataset beside the mutation one):
+
+    python -m training.sft --config configs/fixit-tiny.yaml --dataset_mix datasets/fixit-jaxbench:0.3
 """
 from __future__ import annotations
 
@@ -35,6 +38,14 @@ class FixitScriptArguments:
     dataset_ids: list[str] | None = field(default=None, metadata={
         "help": "train (and evaluate) only on the rows with these `id`s, e.g. rows sharing one repair "
                 "kernel; default: every row"})
+    dataset_mix: list[str] | None = field(default=None, metadata={
+        "help": "more Fixit dataset folders to train on with dataset_path, each PATH or PATH:WEIGHT (e.g. "
+                "datasets/fixit-jaxbench:0.3). Without weights the splits are concatenated, each row once. "
+                "With a weight, each row is drawn from a dataset chosen with probability proportional to its "
+                "weight (dataset_path's is dataset_weight) until every dataset has been seen whole, so a "
+                "small dataset with a large weight is repeated (datasets.interleave_datasets)"})
+    dataset_weight: float = field(default=1.0, metadata={
+        "help": "dataset_path's weight when dataset_mix gives weights"})
     build_tiny_model: bool = field(default=False, metadata={
         "help": "if model_name_or_path does not exist, build a tiny random model and an offline-trained "
                 "tokenizer there (smoke runs only)"})
@@ -51,6 +62,10 @@ class FixitScriptArguments:
 
 class ModelNotAvailable(RuntimeError):
     """The model is neither a local directory nor cached nor reachable: fail before any work."""
+
+
+class BadDatasetMix(ValueError):
+    """A dataset_mix entry with a weight that is not a positive number."""
 
 
 class NoTrainingRows(RuntimeError):
@@ -111,6 +126,49 @@ def load_fixit(path: str, splits: list[str], *, tasks: list[str] | None = None,
     return out
 
 
+def mix_entries(script_args: FixitScriptArguments) -> list[tuple[str, float | None]]:
+    """(folder, weight) for dataset_path and each dataset_mix entry; weights are None when no
+    entry gives one (concatenation)."""
+    entries: list[tuple[str, float | None]] = []
+    for spec in script_args.dataset_mix or []:
+        path, sep, weight = spec.rpartition(":")
+        try:
+            entries.append((path, float(weight)) if sep and path else (spec, None))
+        except ValueError:
+            entries.append((spec, None))
+    if all(w is None for _, w in entries):
+        return [(script_args.dataset_path, None)] + entries
+    bad = [p for p, w in entries if w is not None and w <= 0]
+    if bad or script_args.dataset_weight <= 0:
+        raise BadDatasetMix(f"dataset weights must be positive: {', '.join(bad) or script_args.dataset_path}")
+    return [(script_args.dataset_path, script_args.dataset_weight)] + [(p, 1.0 if w is None else w)
+                                                                        for p, w in entries]
+
+
+def load_mixture(script_args: FixitScriptArguments, seed: int = 0):
+    """The train and evaluation sets over dataset_path and dataset_mix (see dataset_mix's help);
+    evaluation concatenates every dataset's test split."""
+    import datasets
+
+    entries = mix_entries(script_args)
+    splits = [script_args.dataset_train_split, script_args.dataset_test_split]
+    loaded = [(path, weight, *load_fixit(path, splits, tasks=script_args.dataset_tasks, ids=script_args.dataset_ids))
+              for path, weight in entries]
+    missing = [path for path, _, train, _ in loaded if train is None]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} has no split {script_args.dataset_train_split!r}")
+    trains = [train for _, _, train, _ in loaded if len(train)]
+    evaluations = [e for _, _, _, e in loaded if e is not None and len(e)]
+    evaluation = datasets.concatenate_datasets(evaluations) if evaluations else None
+    if len(trains) < 2:
+        return (trains[0] if trains else loaded[0][2]), evaluation
+    if entries[0][1] is None:
+        return datasets.concatenate_datasets(trains), evaluation
+    weights = [w for _, w, train, _ in loaded if len(train)]
+    return datasets.interleave_datasets(trains, probabilities=[w / sum(weights) for w in weights], seed=seed,
+                                        stopping_strategy="all_exhausted"), evaluation
+
+
 def make_parser():
     from trl import ModelConfig, SFTConfig, TrlParser
 
@@ -128,18 +186,15 @@ def build_trainer(script_args: FixitScriptArguments, training_args: Any, model_a
     if not name:
         raise ModelNotAvailable("no model: set model_name_or_path in the config or on the command line")
     if script_args.build_tiny_model and not Path(name).exists():
-        build_tiny_model(Path(name), dataset_texts(script_args.dataset_path),
+        texts = [t for path, _ in mix_entries(script_args) for t in dataset_texts(path)]
+        build_tiny_model(Path(name), texts,
                          hidden=script_args.tiny_hidden_size, layers=script_args.tiny_num_layers,
                          heads=script_args.tiny_num_heads, sliding_window=script_args.tiny_sliding_window)
     require_model(name)
-    train, evaluation = load_fixit(script_args.dataset_path,
-                                   [script_args.dataset_train_split, script_args.dataset_test_split],
-                                   tasks=script_args.dataset_tasks, ids=script_args.dataset_ids)
-    if train is None:
-        raise FileNotFoundError(f"{script_args.dataset_path} has no split {script_args.dataset_train_split!r}")
+    train, evaluation = load_mixture(script_args, training_args.seed)
     if len(train) == 0:
         raise NoTrainingRows(f"no row of split {script_args.dataset_train_split!r} in {script_args.dataset_path} "
-                         "matches dataset_tasks / dataset_ids")
+                             "matches dataset_tasks / dataset_ids")
     training_args.model_init_kwargs = {**(training_args.model_init_kwargs or {}),
                                        "dtype": model_args.dtype, "revision": model_args.model_revision,
                                        "attn_implementation": model_args.attn_implementation}
@@ -198,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc)
     try:
         summary = train(script_args, training_args, model_args)
-    except (ModelNotAvailable, NoTrainingRows, FileNotFoundError) as exc:
+    except (ModelNotAvailable, NoTrainingRows, BadDatasetMix, FileNotFoundError) as exc:
         return _fail(exc)
     final = summary.get("train_loss", [])[-1:] or [("-", "-")]
     print(f"saved to {training_args.output_dir} (steps {summary.get('steps')}, last train loss {final[0][1]})")
