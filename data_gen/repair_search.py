@@ -26,12 +26,11 @@ from typing import Any
 
 from data_gen.catalogue import KIND_NAMES, classify, kind
 from data_gen.repairers import repair
+from data_gen.sources import STAGE_ORDER
 from evaluator.policy import parse_module
 from evaluator.record import Status, Verdict
-from evaluator.stages import STAGE_NAMES
 
 DEFAULT_BUDGET = 4  # gradings per failing kernel
-STAGE_ORDER = {name: i for i, name in enumerate(STAGE_NAMES)}
 # Repairers that fix a module's surface whatever the verdict named: tried after the kind's own.
 SURFACE = ("undefined_name", "prose_in_code", "wrong_entry_point", "interpret_flag")
 # Syntax errors that mean the text stops before the code does.

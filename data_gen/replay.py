@@ -109,10 +109,8 @@ class ReplaySource:
         try:
             task = self.task_of(item.task)
         except LoadError as exc:
-            return {"kind": "attempt", "id": item.id, "task": item.task, "source": self.name, "origin": item.model,
-                    "status": None, "stage": None, "seconds": None, "pair": None,
-                    "dropped": Dropped(DropReason.NOT_LOADED, str(exc)[:300]).text(),
-                    "drop_reason": DropReason.NOT_LOADED}
+            return attempt_entry(item.id, item.task, self.name, item.model, None,
+                                 dropped=Dropped(DropReason.NOT_LOADED, str(exc)[:300]))
         failing = grader.grade(task, item.attempt)
         kind = None if failing.ok else classify(failing.status, failing.message)
 

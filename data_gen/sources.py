@@ -130,10 +130,12 @@ class Dropped:
         return f"{self.reason}: {self.detail}" if self.detail else str(self.reason)
 
 
-def attempt_entry(item_id: str, task: Task, source: str, origin: str, failing: Verdict | None,
+def attempt_entry(item_id: str, task: Task | str, source: str, origin: str, failing: Verdict | None,
                   pair: Any = None, dropped: Dropped | None = None, **extra: Any) -> dict[str, Any]:
-    """The journal line for one attempt: `dropped` in words, `drop_reason` to count by."""
-    return {"kind": "attempt", "id": item_id, "task": task.name, "source": source, "origin": origin,
+    """The journal line for one attempt: `dropped` in words, `drop_reason` to count by. `task`
+    is a name where none could be loaded."""
+    return {"kind": "attempt", "id": item_id, "task": task if isinstance(task, str) else task.name,
+            "source": source, "origin": origin,
             "status": failing.status if failing else None, "stage": failing.stage if failing else None,
             "seconds": round(failing.wall_s, 3) if failing else None,
             "pair": pair.to_dict() if pair else None, "dropped": dropped.text() if dropped else None,
