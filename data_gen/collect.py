@@ -306,13 +306,15 @@ def _description(args: argparse.Namespace, suite: Any) -> str:
     else:
         from suites.attempts import models
 
-        where = (f"the generated kernels of {', '.join(args.models or models(suite.root))} in a JAXBench checkout "
-                 f"(commit {checkout_commit(suite.root)}, `pallas_eval/generated/`)" if suite else f"`{args.replay}`")
+        where = f"`{args.replay}`"
+        if suite:
+            where = (f"the generated kernels of {', '.join(args.models or models(suite.root))} in a JAXBench "
+                     f"checkout (commit {checkout_commit(suite.root)}, `pallas_eval/generated/`)")
         teacher = f", then by `{args.teacher}` (up to {args.max_turns} turns)" if args.teacher else ""
         how = (f"Failing kernels are real attempts replayed from {where}, graded by our evaluator. Each failure "
-               f"without a repair of its own was repaired by the failure catalogue's repairers, applied as each verdict named its kind and "
-               f"graded after each edit (at most {args.budget} gradings){teacher}; the explanation lists the "
-               "edits applied, in order.")
+               "without a repair of its own was repaired by the failure catalogue's repairers, applied as each "
+               f"verdict named its kind and graded after each edit (at most {args.budget} gradings){teacher}; the "
+               "explanation lists the edits applied, in order.")
         if suite:
             how += (" JAXBench's files carry no licence: this dataset is for local use, and is never committed "
                     "or published.")

@@ -346,8 +346,8 @@ the repaired kernel passes every train case under `tpu-interpret` and lowers for
 
 Columns: `id`, `attempt_id`, `task`, `task_version`, `level`, `case_split`, `error_class` (the failing
 kernel's verdict status), `failure_kind` (its kind in the failure catalogue, `data_gen/catalogue.py`),
-`failing_stage`, `source` (mutation / model / replay), `origin` (bug operator
-or model), `context` (hardware context in the system prompt), `messages`, `failing_verdict` and
+`failing_stage`, `source` (mutation / model / replay / jaxbench), `origin` (bug operator
+or the model whose attempt failed), `context` (hardware context in the system prompt), `messages`, `failing_verdict` and
 `repair_verdict` (evaluator verdicts as JSON), `failing_code`, `repair_code`, `repaired_by` (what wrote
 the repair: the seed kernel a bug was injected into, `search: <repairers>` for the catalogue's
 repairers, `model: <name>` for a model, `given` for a replayed row's own).

@@ -34,7 +34,7 @@ class FixitPair:
     failing_stage: str
     source: str              # mutation | model | replay | jaxbench
     origin: str              # bug operator, or the model whose attempt failed
-    repaired_by: str         # what wrote the repair: the seed kernel, search: <repairers>, teacher: <model>, given
+    repaired_by: str         # what wrote the repair: seed kernel | search: <repairers> | model: <name> | given
     context: str             # none | spec | guide: what the system prompt carried
     messages: list[dict[str, str]]
     failing_verdict: str     # JSON of the evaluator's verdict on the failing kernel
@@ -66,5 +66,6 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
         id=pair_id, attempt_id=attempt_id, task=task.name, task_version=task.version, level=task.level,
         case_split=failing.split, error_class=failing.status,
         failure_kind=classify(failing.status, failing.message), failing_stage=failing.stage, source=source,
-        origin=origin, repaired_by=repaired_by, context=context, messages=messages, failing_verdict=verdict_json(failing),
-        repair_verdict=verdict_json(repaired), failing_code=failing_code, repair_code=repair_code)
+        origin=origin, repaired_by=repaired_by, context=context, messages=messages,
+        failing_verdict=verdict_json(failing), repair_verdict=verdict_json(repaired), failing_code=failing_code,
+        repair_code=repair_code)

@@ -89,8 +89,8 @@ def test_a_block_of_one_row_becomes_eight_rows_reduced_along_the_row():
         "in_specs=[pl.BlockSpec((1, d), lambda i: (i, 0))]",
         "in_specs=[pl.BlockSpec(block, lambda i: (i, 0)), pl.BlockSpec(block, lambda i: (0, 0))]")
     fixed = repair("block_alignment", shared, REFUSED_ROW)
-    assert "block = (1, d)" in fixed and "pl.BlockSpec((8, d), lambda i: (i, 0)), pl.BlockSpec(block, lambda i: (0, 0))" \
-        in fixed
+    assert "block = (1, d)" in fixed
+    assert "pl.BlockSpec((8, d), lambda i: (i, 0)), pl.BlockSpec(block, lambda i: (0, 0))" in fixed
 
 
 def test_vmem_exhaustion_halves_the_largest_block():
