@@ -243,17 +243,25 @@ def _round_up(value: int, multiple: int) -> int:
 _REFUSED_BLOCK = re.compile(r"block shape \(([^()]*(?:\([^()]*\)[^()]*)*)\), array shape \(([\d, ]+)\)")
 
 
+def _refused_block(message: str) -> tuple[list[int], list[int]] | None:
+    """(block sizes, array shape) of the block Mosaic's refusal names, when it names one of the
+    array's rank (at least 2)."""
+    found = _REFUSED_BLOCK.search(message)
+    if not found:
+        return None
+    block = [int(v) for v in re.findall(r"block_size=(\d+)", found.group(1))]
+    array = [int(v) for v in found.group(2).replace(" ", "").split(",") if v]
+    return (block, array) if len(block) >= 2 and len(block) == len(array) else None
+
+
 def _misaligned_sizes(message: str) -> dict[int, int]:
     """From a refusal message, each block size that breaks the (8, 128) rule, with the multiple
     it rounds up to: the last dim to 128, the one before to 8 (sizes under 8 stay: a block of
     one row is a layout, not a typo)."""
-    found = _REFUSED_BLOCK.search(message)
-    if not found:
+    refused = _refused_block(message)
+    if refused is None:
         return {}
-    block = [int(v) for v in re.findall(r"block_size=(\d+)", found.group(1))]
-    array = [int(v) for v in found.group(2).replace(" ", "").split(",") if v]
-    if len(block) < 2 or len(block) != len(array):
-        return {}
+    block, array = refused
     sizes = {}
     if block[-1] % 128 and block[-1] != array[-1]:
         sizes[block[-1]] = _round_up(block[-1], 128)
@@ -264,12 +272,8 @@ def _misaligned_sizes(message: str) -> dict[int, int]:
 
 def _row_block_refused(message: str) -> bool:
     """Mosaic refused a block of one row (second-minor size 1) of an array with more rows."""
-    found = _REFUSED_BLOCK.search(message)
-    if not found:
-        return False
-    block = [int(v) for v in re.findall(r"block_size=(\d+)", found.group(1))]
-    array = [int(v) for v in found.group(2).replace(" ", "").split(",") if v]
-    return len(block) >= 2 and len(block) == len(array) and block[-2] == 1 and array[-2] > 1
+    refused = _refused_block(message)
+    return refused is not None and refused[0][-2] == 1 and refused[1][-2] > 1
 
 
 ROWS_PER_BLOCK = 8  # the f32 sublane count: the smallest legal block of rows
