@@ -12,6 +12,7 @@ from rich.console import Console
 
 from evaluator.backends import BACKENDS
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
+from evaluator.protocol import SEED_CHECKS
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -29,7 +30,14 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    help=f"TPU generation whose VMEM budget applies (default {DEFAULT_GENERATION}, "
                         "or the one an imported suite was tuned for: v6e for JAXBench)")
     p.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per worker step")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds per worker step (default 120); a case's run gets more where its "
+                        "kernels do more work in interpret mode, up to --run-ceiling")
+    p.add_argument("--run-ceiling", type=float, default=None,
+                   help="the most seconds one case's run may be granted (default 900)")
+    p.add_argument("--seed-checks", choices=SEED_CHECKS, default="auto",
+                   help="interpret mode: the checks of each case's seeds after the first, which always "
+                        "runs every check; auto (default) drops the race detector where that is faster")
     p.add_argument("--json", action="store_true", help="print the verdict record(s) as JSON")
     p.add_argument("--exact-dots", action="store_true",
                    help="interpret mode: compute f32 dots in kernels exactly, not as a TPU does "
@@ -127,11 +135,13 @@ def make_evaluator(args: argparse.Namespace, workers: int = 1, selected: list = 
     from evaluator.grader import Evaluator
     from evaluator.sandbox import Limits
 
-    limits = Limits() if args.timeout is None else Limits(step_timeout_s=args.timeout)
+    given = {"step_timeout_s": args.timeout, "run_ceiling_s": args.run_ceiling}
+    limits = Limits(**{k: v for k, v in given.items() if v is not None})
     try:
         return Evaluator(backend=args.backend, workers=workers, limits=limits,
                          generation=generation_for(args.tpu, list(selected)),
-                         tpu_numerics=not args.exact_dots, **scale_kwargs(args))
+                         tpu_numerics=not args.exact_dots, seed_checks=args.seed_checks,
+                         **scale_kwargs(args))
     except ValueError as exc:  # e.g. tpu-compile without libtpu installed
         raise UsageError(str(exc)) from None
 

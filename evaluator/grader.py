@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 from evaluator.backends import default_backend, get_backend
 from evaluator.cache import VerdictCache, cache_key
 from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
-from evaluator.protocol import Reset
+from evaluator.protocol import SEED_CHECKS, Reset
 from evaluator.record import StageTiming, Status, Verdict
 from evaluator.reference import ReferenceCache
 from evaluator.remote import ActorsLost, RayExecutor
@@ -48,12 +48,17 @@ class Evaluator:
                  generation: str = DEFAULT_GENERATION, n_seeds: int = 2,
                  pool: WorkerPool | None = None, stop_at_first_failure: bool = False,
                  tpu_numerics: bool = True, executor: str = "local", address: str | None = None,
-                 cache: str | Path | VerdictCache | None = None):
+                 cache: str | Path | VerdictCache | None = None, seed_checks: str = "auto"):
         """`executor="ray"`: grade on `workers` Ray actors of the cluster at `address` ("auto",
         "ray://host:10001", or "local" for a private one) instead of local worker processes.
-        `cache`: a folder (or VerdictCache) of verdicts already reached, looked up first."""
+        `cache`: a folder (or VerdictCache) of verdicts already reached, looked up first.
+        `seed_checks`: the interpret-mode checks of each case's seeds after the first
+        (evaluator/handlers.py, run): "auto" (default), "full" or "cheap"."""
         if executor not in ("local", "ray"):
             raise ValueError(f"unknown executor {executor!r}; choose local or ray")
+        if seed_checks not in SEED_CHECKS:
+            raise ValueError(f"unknown seed_checks {seed_checks!r}; choose one of {', '.join(SEED_CHECKS)}")
+        self.seed_checks = seed_checks
         self.backend = get_backend(backend or default_backend())
         if generation not in GENERATIONS:
             raise ValueError(f"unknown TPU generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
@@ -71,7 +76,7 @@ class Evaluator:
         if executor == "ray":
             options = {"backend": self.backend.name, "workers": 1, "limits": limits, "generation": generation,
                        "n_seeds": n_seeds, "stop_at_first_failure": stop_at_first_failure,
-                       "tpu_numerics": tpu_numerics}
+                       "tpu_numerics": tpu_numerics, "seed_checks": seed_checks}
             self.remote = RayExecutor(address, workers, GradingActor, options)
         # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
         self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else workers, limits=limits)
@@ -127,7 +132,8 @@ class Evaluator:
             "split": split, "backend": self.backend.name, "generation": self.generation.name,
             "numerics": self.numerics, "n_seeds": self.n_seeds, "stop_at_first_failure": self.stop_at_first_failure,
             "through": through, "seed": "fresh" if seed is None else seed,
-            "step_timeout_s": self.limits.step_timeout_s}
+            "step_timeout_s": self.limits.step_timeout_s, "run_ceiling_s": self.limits.run_ceiling_s,
+            "seed_checks": self.seed_checks}
         if self.backend.times_kernels:   # timings hold for the device they were measured on
             settings["device"] = os.environ.get("TPU_ACCELERATOR_TYPE") or f"host {socket.gethostname()}"
         return settings
@@ -143,7 +149,8 @@ class Evaluator:
                              base_seed=secrets.randbits(31) if seed is None else seed,
                              n_seeds=self.n_seeds, references=self.references, verdict=verdict,
                              stop_at_first_failure=self.stop_at_first_failure,
-                             tpu_numerics=self.tpu_numerics)
+                             tpu_numerics=self.tpu_numerics, seed_checks=self.seed_checks,
+                             limits=self.limits)
         verdict.details["base_seed"] = ctx.base_seed
         verdict.details["tpu_generation"] = self.generation.name
         verdict.details["numerics"] = self.numerics
@@ -163,6 +170,7 @@ class Evaluator:
     def _run_stages(self, ctx: GradingContext, stages: tuple[Stage, ...] = STAGES) -> Failure | None:
         lease = None
         failure: Failure | None = None
+        finished = False  # False when interrupted (Ctrl-C) or our own code raised mid-stage
         try:
             for stage in stages:
                 if stage.name not in SOURCE_STAGES and ctx.worker is None:
@@ -181,16 +189,19 @@ class Evaluator:
                 ctx.verdict.stage_timings.append(StageTiming(stage.name, time.perf_counter() - t0))
                 if failure is not None:
                     ctx.verdict.stage = stage.name
+                    finished = True
                     return failure
+            finished = True
             return None
         finally:
             if lease is not None:
                 # Any case that crashed or hung counts, not only the status the verdict reports:
                 # a runtime error in a later case left an earlier candidate's exception to surface
-                # in the next candidate graded on the same worker.
+                # in the next candidate graded on the same worker. A grading cut short may have
+                # left the worker deep in a kernel: it is killed, not asked to reset.
                 faulted = {failure.status} if failure is not None else set()
                 faulted |= {case.status for case in ctx.verdict.cases}
-                if faulted & RECYCLE_AFTER:
+                if faulted & RECYCLE_AFTER or not finished:
                     ctx.worker.kill()  # a fault can leave JAX's runtime unusable (e.g. after OOM)
                 elif ctx.worker.alive:
                     try:

@@ -151,55 +151,94 @@ def compile_case(state: WorkerState, request: Compile, arrays: list) -> tuple[An
     return Compiled({f: int(getattr(stats, f, 0) or 0) for f in fields}), []
 
 
+# The interpret-mode checks a seed runs under: every check TPU interpret mode has (the race
+# detector, out-of-bounds reads raised, uninitialised memory poisoned with NaN), or all but the
+# race detector, which costs most on kernels that touch memory often (a per-step scan: 17.8 s
+# against 2.8 s per seed; benchmarks/grading_profile.py, docs/evaluator.md).
+FULL_CHECKS = "full"
+CHEAP_CHECKS = "no race detection"
+# XLA's CPU compile of an interpret-mode program is most of a grading (54% over the 40
+# solutions); its run is mostly host callbacks, which no optimisation speeds up. The older
+# loop emitters and no LLVM optimisation halve the compile. The outputs were bitwise equal on
+# 59 of 80 solution cases and within rounding (the order of a reduction's sums) on the rest;
+# no verdict on any corpus changed (docs/evaluator.md, "Grading speed").
+INTERPRET_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+
+
 def run(state: WorkerState, request: Run, arrays: list) -> tuple[Any, list]:
-    """Run one case's traced program on each seed's inputs; outputs go back as numpy arrays."""
+    """Run one case's traced program on each seed's inputs; outputs go back as numpy arrays.
+
+    Out-of-bounds reads raise and uninitialised memory is NaN on every seed. The race
+    detector runs where a race can happen: with one core, only a kernel's own DMAs run beside
+    it (the pipeline's block copies are the core's own accesses), so a case whose kernels start
+    none runs without it. Otherwise the first seed runs with it, and the others without it when
+    `request.seed_checks` asks ("cheap"), or ("auto") when the first seed's run took longer
+    than its compile: the second program's compile (about half the first's) is then repaid at
+    once. `seed_checks="full"` runs it on every seed of every case. A race is a property of the
+    access pattern, which the first seed ran; benchmarks/seed_checks_agreement.py measures that
+    the verdicts agree."""
     import jax
     import numpy as np
 
     nargs = request.nargs
-    runner = _case_runner(state, request.case, request.tpu_numerics)
-    outputs, results = [], []
+    outputs, results, compile_s = [], [], 0.0
+    checks = FULL_CHECKS if request.races_possible or request.seed_checks == "full" else CHEAP_CHECKS
     jax_hooks.take_races()
     for s in range(len(arrays) // nargs):
         inputs = arrays[s * nargs:(s + 1) * nargs]
-        start = time.perf_counter()
+        if s == 1 and checks == FULL_CHECKS and state.interpret and _cheap_after(request.seed_checks, results[0], compile_s):
+            checks = CHEAP_CHECKS
         try:
-            out = jax.block_until_ready(runner(*inputs))
+            program, seconds = _compiled(state, request.case, request.tpu_numerics, checks, inputs)
+            compile_s += seconds
+            start = time.perf_counter()
+            out = jax.block_until_ready(program(*inputs))
+            elapsed = time.perf_counter() - start
             leaves = jax.tree_util.tree_leaves(out)
             host = [np.array(leaf) for leaf in leaves]  # copies off the device
         except Exception as exc:
             etype, text = describe_exception(exc, state.source_lines)
-            results.append(SeedResult(False, etype, text))
+            results.append(SeedResult(False, etype, text, checks=checks))
             break
         finally:
             jax_hooks.reset_interpret_state()
         if jax_hooks.take_races():
             results.append(SeedResult(False, "DataRace", "TPU interpret mode detected a data race: "
                                       "two accesses to one buffer (at least one a write) not "
-                                      "ordered by a DMA wait or semaphore."))
+                                      "ordered by a DMA wait or semaphore.", checks=checks))
             break
         bad = [type(leaf).__name__ for leaf in leaves if not hasattr(leaf, "shape")]
         results.append(SeedResult(True, n_outputs=len(host), non_arrays=bad,
                                   tree=str(jax.tree_util.tree_structure(out)),
-                                  seconds=time.perf_counter() - start))
+                                  seconds=elapsed, checks=checks))
         outputs.extend(host)
-    return Ran(results), outputs
+    return Ran(results, compile_s), outputs
 
 
-def _case_runner(state: WorkerState, case_name: str, tpu_numerics: bool = False) -> Callable[..., Any]:
-    """The case's traced program, jitted once; under the evaluator's TPU interpret mode when
-    this backend interprets (every pallas_call re-issued with these parameters), with dots
-    computed as the TPU computes them when `tpu_numerics` (evaluator/program.py)."""
-    key = f"{case_name}|{tpu_numerics}"
-    if key not in state.runners:
-        interpret = None
-        if state.interpret:
-            from jax.experimental.pallas import tpu as pltpu
+def _cheap_after(seed_checks: str, first: SeedResult, compile_s: float) -> bool:
+    """Whether the seeds after the first run without the race detector (see run)."""
+    if seed_checks == "cheap":
+        return first.ok
+    return seed_checks == "auto" and first.ok and first.seconds > compile_s
 
-            interpret = pltpu.InterpretParams(detect_races=True, out_of_bounds_reads="raise",
-                                              uninitialized_memory="nan")
-        state.runners[key] = _replayed(state, case_name, interpret, tpu_numerics)
-    return state.runners[key]
+
+def _compiled(state: WorkerState, case_name: str, tpu_numerics: bool, checks: str,
+              inputs: list) -> tuple[Callable[..., Any], float]:
+    """The case's traced program compiled for these inputs' shapes (once per case, numerics
+    and checks), and the seconds that took (0 when it was already compiled)."""
+    key = f"{case_name}|{tpu_numerics}|{checks if state.interpret else ''}"
+    if key in state.runners:
+        return state.runners[key], 0.0
+    start = time.perf_counter()
+    interpret = None
+    if state.interpret:
+        from jax.experimental.pallas import tpu as pltpu
+
+        interpret = pltpu.InterpretParams(detect_races=checks == FULL_CHECKS, out_of_bounds_reads="raise",
+                                          uninitialized_memory="nan")
+    lowered = _replayed(state, case_name, interpret, tpu_numerics).lower(*inputs)
+    state.runners[key] = lowered.compile(INTERPRET_COMPILE_OPTIONS if state.interpret else None)
+    return state.runners[key], time.perf_counter() - start
 
 
 def time_case(state: WorkerState, request: Time, arrays: list) -> tuple[Any, list]:
@@ -225,7 +264,7 @@ def time_case(state: WorkerState, request: Time, arrays: list) -> tuple[Any, lis
     else:
         fn = tasks.get_task(request.task).reference
     inputs = [jax.device_put(a) for a in arrays]
-    runner = _case_runner(state, request.case, request.tpu_numerics)
+    runner, _ = _compiled(state, request.case, request.tpu_numerics, FULL_CHECKS, inputs)
     reference = jax.jit(fn)
     kernel_s = time_callable(runner, inputs, request.warmup, request.iters)
     reference_s = time_callable(reference, inputs, request.warmup, request.iters)

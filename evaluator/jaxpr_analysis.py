@@ -50,6 +50,9 @@ class PallasCallInfo:
     flops_per_step: float = 0.0
     f32_matmul_flops_per_step: float = 0.0  # of flops_per_step: matmuls on float32 operands
     dma_bytes_per_step: float = 0.0   # traffic analysis only
+    # Memory accesses of the body per grid step, every loop iteration counted: what a run in
+    # interpret mode costs (evaluator/step_limits.py); at every size.
+    accesses_per_step: float = 0.0
     # A while loop in the body has no known maximum trip count and was counted once, so
     # flops_per_step and dma_bytes_per_step are lower bounds (traffic analysis only).
     data_dependent_trips: bool = False
@@ -74,6 +77,12 @@ class PallasCallInfo:
     low_precision_dots: list[str] = field(default_factory=list)
 
     @property
+    def races_possible(self) -> bool:
+        """Whether interpret mode's race detector can find anything in this kernel: with one
+        core, only the body's own DMAs run beside it (evaluator/handlers.py, run)."""
+        return bool(RACE_PRIMITIVES & set(self.kernel_primitives))
+
+    @property
     def grid_steps(self) -> int:
         return math.prod(max(g, 1) for g in self.grid) if self.grid else 1
 
@@ -92,6 +101,11 @@ class PallasCallInfo:
     def f32_matmul_flops(self) -> float:
         """Of `flops`: matmul FLOPs on float32 operands (slower on the MXU than bf16)."""
         return self.f32_matmul_flops_per_step * self.grid_steps * self.runs
+
+
+# Kernel primitives that act beside the core (a DMA in flight) or order such actions: what a
+# race needs with one core.
+RACE_PRIMITIVES = frozenset({"dma_start", "dma_wait", "semaphore_signal", "semaphore_wait"})
 
 
 @dataclass
@@ -172,11 +186,12 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         params = params.get("mosaic_tpu") or params.get("mosaic")
     semantics = getattr(params, "dimension_semantics", None)
     kernel_jaxpr = eqn.params["jaxpr"]
-    step = Cost()
-    if traffic:
-        step = traffic_analysis.kernel_cost_per_step(
-            kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds),
-            grid if static_grid else None)
+    step = traffic_analysis.kernel_cost_per_step(
+        kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds),
+        grid if traffic and static_grid else None)
+    accesses = step.accesses
+    if not traffic:  # FLOPs and DMA bytes are the traffic analysis' (see the fields)
+        step = Cost()
     scratch_use, prefetch_use = _ref_evidence(gm, kernel_jaxpr)
     return PallasCallInfo(
         name=_kernel_name(eqn),
@@ -191,6 +206,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         flops_per_step=step.flops,
         f32_matmul_flops_per_step=step.f32_matmul_flops,
         dma_bytes_per_step=step.dma_bytes,
+        accesses_per_step=accesses,
         data_dependent_trips=step.data_dependent_trips or unbounded_grid,
         runs=runs,
         scratch_use=scratch_use,

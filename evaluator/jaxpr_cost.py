@@ -42,6 +42,12 @@ DATA_MOVEMENT_PRIMITIVES = frozenset({
     "get", "swap", "masked_load", "masked_swap", "roll", "bitcast", "multiple_of",
     "program_id", "num_programs",
 })
+# Inside kernels: the accesses TPU interpret mode serves with a host callback each, what its
+# run time follows (evaluator/step_limits.py).
+MEMORY_ACCESS_PRIMITIVES = frozenset({
+    "get", "swap", "load", "masked_load", "masked_swap", "addupdate", "dma_start", "dma_wait",
+    "semaphore_signal", "semaphore_wait", "semaphore_read",
+})
 TRANSCENDENTAL_PRIMITIVES = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "rsqrt",
     "sqrt", "cbrt", "pow", "erf", "erfc", "erf_inv", "atan2", "asin", "acos", "atan", "sinh",
@@ -68,6 +74,7 @@ class Cost:
     matmul_flops: float = 0.0
     f32_matmul_flops: float = 0.0
     dma_bytes: float = 0.0  # inside kernels: bytes copied by the body's own DMAs
+    accesses: float = 0.0   # inside kernels: memory accesses (MEMORY_ACCESS_PRIMITIVES) made
     heavy_ops: list[str] = field(default_factory=list)  # matmuls seen when not counted as work
     callbacks: list[str] = field(default_factory=list)
     top_ops: dict[str, float] = field(default_factory=dict)  # primitive -> flops, for feedback
@@ -165,6 +172,8 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
         if name in CALLBACK_PRIMITIVES:
             cost.callbacks.append(name)
             continue
+        if name in MEMORY_ACCESS_PRIMITIVES:
+            cost.accesses += mult
         if name == "dma_start":
             cost.dma_bytes += mult * dma_dst_bytes(eqn)
             continue
@@ -229,6 +238,7 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
     into.transcendentals += worst.transcendentals
     into.bytes_accessed += worst.bytes_accessed
     into.dma_bytes += max(c.dma_bytes for c in branches)
+    into.accesses += max(c.accesses for c in branches)
     for op, f in worst.top_ops.items():
         into.top_ops[op] = into.top_ops.get(op, 0.0) + f
     for c in branches:

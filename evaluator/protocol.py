@@ -62,6 +62,13 @@ class Compile:
     case: CaseSpec
 
 
+# Where interpret mode's race detector runs (evaluator/handlers.py, run): "full" on every seed
+# of every case; "auto" on the first seed of a case whose kernels start DMAs (nothing else can
+# race), and on its other seeds too unless dropping it is cheaper than the compile it costs;
+# "cheap" never after the first seed.
+SEED_CHECKS = ("full", "auto", "cheap")
+
+
 @dataclass
 class Run:
     """Run a traced case on `len(arrays) // nargs` seeds' inputs (the arrays, in order)."""
@@ -69,6 +76,8 @@ class Run:
     case: str
     nargs: int
     tpu_numerics: bool = False
+    seed_checks: str = "auto"
+    races_possible: bool = True  # a kernel of the case starts DMAs (jaxpr_analysis.RACE_PRIMITIVES)
 
 
 @dataclass
@@ -171,12 +180,14 @@ class SeedResult:
     n_outputs: int = 0
     non_arrays: list[str] = field(default_factory=list)  # type names of leaves that are not arrays
     tree: str = ""  # the output's pytree structure, for feedback
-    seconds: float = 0.0
+    seconds: float = 0.0  # executing the compiled program on this seed's inputs
+    checks: str = "full"  # the interpret-mode checks it ran under (handlers.CHECKS)
 
 
 @dataclass
 class Ran:
     results: list[SeedResult]
+    compile_s: float = 0.0  # tracing and compiling the program(s) the seeds ran
 
 
 @dataclass

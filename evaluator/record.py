@@ -87,7 +87,16 @@ class CaseResult:
     worst_index: list[int] | None = None  # where max |out - ref| / allowed is largest
     bound_ratio: float | None = None  # largest error / its bound over the seeds (1.0 = at tolerance)
     error: str | None = None  # first lines of the real error, if any
-    run_s: float | None = None
+    run_s: float | None = None  # the worker's time on this case: compile_s + the seeds' runs
+    # Where the time went (benchmarks/grading_profile.py): compiling the case's program(s) in
+    # the worker, each seed's run and the interpret-mode checks it ran under
+    # (evaluator/handlers.py, run), and the host's inputs, expected outputs and comparison.
+    compile_s: float | None = None
+    seed_run_s: list[float] = field(default_factory=list)
+    seed_checks: list[str] = field(default_factory=list)
+    reference_s: float | None = None
+    compare_s: float | None = None
+    limit_s: float | None = None  # the time the worker was given for this case (evaluator/step_limits.py)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # an unknown status is a bug, caught where it is made

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -30,10 +31,20 @@ def case_seeds(base_seed: int, case_index: int, n_seeds: int) -> list[int]:
     return [int(s.generate_state(1)[0] & 0x7FFFFFFF) for s in seq.spawn(n_seeds)]
 
 
+@dataclass
+class _Slot:
+    """One cached value, computed once even when two threads ask at the same time."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    value: Any = None
+
+
 class ReferenceCache:
-    """Caches jitted references, FLOP counts and the last few (inputs, outputs) per seed;
-    thread-safe. Graders that reuse a seed for one task (data_gen grades every mutant of a task
-    on the same inputs) then compute each reference output once."""
+    """Caches jitted references, FLOP counts and the last few inputs and outputs per seed;
+    thread-safe, and each value is computed once: the run stage asks for a case's inputs,
+    then (on another thread, while the worker runs) for its expected outputs and the next
+    case's. Graders that reuse a seed for one task (data_gen grades every mutant of a task on
+    the same inputs) compute each reference output once."""
 
     RECENT = 64  # (task, case, seed) entries kept: check-size arrays, a few MB each at most
 
@@ -41,39 +52,55 @@ class ReferenceCache:
         self._lock = threading.Lock()
         self._jitted: dict[tuple, Any] = {}
         self._costs: dict[tuple, Cost] = {}
-        self._recent: OrderedDict[tuple, tuple[tuple[np.ndarray, ...], list[np.ndarray],
-                                               list[np.ndarray]]] = OrderedDict()
+        self._inputs: OrderedDict[tuple, _Slot] = OrderedDict()   # (inputs, their sampled outputs or None)
+        self._outputs: OrderedDict[tuple, _Slot] = OrderedDict()  # (outputs, TPU-rounded outputs)
 
     def inputs(self, task: Task, case: Case, seed: int) -> tuple[np.ndarray, ...]:
-        return self._entry(task, case, seed)[0]
+        return self._sample(task, case, seed)[0]
 
     def outputs_for(self, task: Task, case: Case, seed: int) -> list[np.ndarray]:
-        return self._entry(task, case, seed)[1]
+        return self._expected(task, case, seed)[0]
 
     def tpu_outputs_for(self, task: Task, case: Case, seed: int) -> list[np.ndarray]:
         """The reference's outputs with its dots rounded as a TPU rounds them (compare.py)."""
-        return self._entry(task, case, seed)[2]
+        return self._expected(task, case, seed)[1]
 
-    def _entry(self, task: Task, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray],
-                                                                  list[np.ndarray]]:
-        key = (*_identity(task), case.name, seed)
+    def _sample(self, task: Task, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray] | None]:
+        def make() -> tuple[tuple[np.ndarray, ...], list[np.ndarray] | None]:
+            if task.external is not None:  # third-party code: inputs and outputs come from its sandbox
+                inputs, outputs = task.external.sample(case, seed)
+            else:
+                inputs, outputs = task.make_inputs(case, np.random.default_rng(seed)), None
+            for a in inputs:
+                a.flags.writeable = False  # shared between gradings: nobody may change them
+            return tuple(inputs), outputs
+
+        return self._once(self._inputs, (*_identity(task), case.name, seed), make)
+
+    def _expected(self, task: Task, case: Case, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        def make() -> tuple[list[np.ndarray], list[np.ndarray]]:
+            inputs, sampled = self._sample(task, case, seed)
+            if task.external is not None:
+                return sampled, self.outputs(task, case, inputs, tpu_dots=True)
+            # Both in one program: one compile, and what the two share is computed once.
+            exact, tpu = self._reference_fn(task, tpu_dots=None)(*[_upcast(a) for a in inputs])
+            leaves = _jax().tree_util.tree_leaves
+            return [np.asarray(x) for x in leaves(exact)], [np.asarray(x) for x in leaves(tpu)]
+
+        return self._once(self._outputs, (*_identity(task), case.name, seed), make)
+
+    def _once(self, store: OrderedDict[tuple, _Slot], key: tuple, make: Callable[[], Any]) -> Any:
         with self._lock:
-            if key in self._recent:
-                self._recent.move_to_end(key)
-                return self._recent[key]
-        if task.external is not None:  # third-party code: inputs and outputs come from its sandbox
-            inputs, outputs = task.external.sample(case, seed)
-        else:
-            inputs = task.make_inputs(case, np.random.default_rng(seed))
-            outputs = self.outputs(task, case, inputs)
-        for a in inputs:
-            a.flags.writeable = False  # shared between gradings: nobody may change them
-        entry = (inputs, outputs, self.outputs(task, case, inputs, tpu_dots=True))
-        with self._lock:
-            self._recent[key] = entry
-            while len(self._recent) > self.RECENT:
-                self._recent.popitem(last=False)
-        return entry
+            slot = store.get(key)
+            if slot is None:
+                slot = store[key] = _Slot()
+                while len(store) > self.RECENT:
+                    store.popitem(last=False)
+            store.move_to_end(key)
+        with slot.lock:
+            if slot.value is None:
+                slot.value = make()
+            return slot.value
 
     def outputs(self, task: Task, case: Case, inputs: tuple[np.ndarray, ...],
                 tpu_dots: bool = False) -> list[np.ndarray]:
@@ -108,13 +135,17 @@ class ReferenceCache:
             self._costs[key] = value
         return value
 
-    def _reference_fn(self, task: Task, tpu_dots: bool) -> Any:
+    def _reference_fn(self, task: Task, tpu_dots: bool | None) -> Any:
+        """The jitted reference; with `tpu_dots` its dots rounded as a TPU rounds them, and
+        with None a function of both: (exact outputs, TPU-rounded outputs)."""
         from evaluator.program import with_tpu_dots
 
         key = (*_identity(task), tpu_dots)
         with self._lock:
             if key not in self._jitted:
-                self._jitted[key] = _jax().jit(with_tpu_dots(task.reference) if tpu_dots else task.reference)
+                fn = {False: task.reference, True: with_tpu_dots(task.reference),
+                      None: lambda *a: (task.reference(*a), with_tpu_dots(task.reference)(*a))}[tpu_dots]
+                self._jitted[key] = _jax().jit(fn)
             return self._jitted[key]
 
 

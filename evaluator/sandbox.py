@@ -33,7 +33,8 @@ _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_S
 
 @dataclass(frozen=True)
 class Limits:
-    step_timeout_s: float = 120.0    # one request (load, trace, lower, one case's run)
+    step_timeout_s: float = 120.0    # one request (load, trace, lower), the base of a case's run
+    run_ceiling_s: float = 900.0     # the most a case's run may be granted (evaluator/step_limits.py)
     compile_timeout_s: float = 300.0  # one libtpu compile (tpu-compile); over-sized VMEM fails slowly
     startup_timeout_s: float = 90.0  # importing JAX in a new worker
     memory_gb: float = 8.0           # address space of a worker
@@ -105,16 +106,17 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        """Kill the whole process group (the candidate may have spawned children)."""
-        if self.proc is not None:
+        """Kill the whole process group (the candidate may have spawned children). Safe to call
+        from another thread while this one starts or waits (Evaluator.close on Ctrl-C)."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(Exception):
-                self.proc.wait(timeout=10)
-            for stream in (self.proc.stdin, self.proc.stdout):
+                proc.wait(timeout=10)
+            for stream in (proc.stdin, proc.stdout):
                 with contextlib.suppress(Exception):
                     stream.close()
-            self.proc = None
         if self.cgroup is not None:
             for _ in range(40):  # empty once the killed children are reaped: a moment
                 try:
@@ -140,7 +142,7 @@ class Worker:
             self.start()
         try:
             wire.write_message(self.proc.stdin, protocol.to_header(request), list(arrays))
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, AttributeError):  # AttributeError: killed meanwhile
             raise self._crashed(what) from None
         reply, out = self._receive(timeout_s or self.limits.step_timeout_s, what)
         if isinstance(reply, protocol.Failed) and reply.internal:
@@ -149,8 +151,11 @@ class Worker:
 
     def _receive(self, timeout_s: float, what: str) -> tuple[protocol.Reply, list[np.ndarray]]:
         deadline = time.monotonic() + timeout_s
+        proc = self.proc
+        if proc is None:  # killed by another thread (Evaluator.close) since it was started
+            raise self._crashed(what)
         try:
-            header, arrays = wire.read_message_fd(self.proc.stdout.fileno(), deadline)
+            header, arrays = wire.read_message_fd(proc.stdout.fileno(), deadline)
             return protocol.from_header(header), arrays
         except wire.PeerTimeout:
             self.kill()
@@ -159,10 +164,10 @@ class Worker:
             raise self._crashed(what) from None
 
     def _crashed(self, what: str) -> WorkerError:
-        code = None
-        if self.proc is not None:
+        code, proc = None, self.proc
+        if proc is not None:
             with contextlib.suppress(Exception):
-                code = self.proc.wait(timeout=5)
+                code = proc.wait(timeout=5)
         tail = self.log_tail()
         self.kill()
         if code is not None and code < 0:

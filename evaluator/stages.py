@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -17,17 +19,17 @@ import numpy as np
 from evaluator import coverage
 from evaluator import features as feature_checks
 from evaluator import grid_checks
-from evaluator import intermediates, one_program, perf_model, policy, precision
+from evaluator import intermediates, one_program, perf_model, policy, precision, step_limits
 from evaluator.backends import Backend
 from evaluator.compare import compare
 from evaluator.extract import ExtractionError, extract_code
 from evaluator.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.jaxpr_analysis import TraceSummary
-from evaluator.protocol import CaseSpec, Compile, Failed, Load, Lower, Run, SeedResult, Time, Trace
+from evaluator.protocol import CaseSpec, Compile, Failed, Load, Lower, Ran, Run, SeedResult, Time, Trace
 from evaluator.provenance import KernelOrigin
 from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
 from evaluator.reference import ReferenceCache, case_seeds
-from evaluator.sandbox import Worker
+from evaluator.sandbox import Limits, Worker
 from tasks.spec import Case, CandidateFormatError, Task
 
 # Work outside kernels above this share of the reference's FLOPs is "a real part of the task".
@@ -74,6 +76,8 @@ class GradingContext:
     worker: Worker | None = None
     stop_at_first_failure: bool = False  # run stage: skip the remaining cases once one fails
     tpu_numerics: bool = True  # interpret mode: dots in kernels as the TPU's MXU computes them
+    seed_checks: str = "auto"  # run stage: the checks of the seeds after the first (protocol.SEED_CHECKS)
+    limits: Limits = Limits()  # run stage: the base step limit and ceiling of evaluator/step_limits.py
     source: str = ""
     shim: str = ""  # appended when loaded: kernel() for a candidate in a peer suite's format
     summaries: dict[str, TraceSummary] = field(default_factory=dict)
@@ -516,21 +520,33 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
 def run_stage(ctx: GradingContext) -> Failure | None:
     if ctx.backend.interpret and ctx.replay_limits:
         return _replay_limit_failure(ctx)
-    failures: list[tuple[CaseResult, Failure]] = []
-    for index, case in enumerate(ctx.run_cases):
-        result = CaseResult(case.name, case.split, dict(case.dims), case.dtype, dict(case.params))
-        ctx.verdict.cases.append(result)
-        result.seeds = case_seeds(ctx.base_seed, index, ctx.n_seeds)
-        failure = _run_case(ctx, case, result)
-        if failure is None:
-            result.status = "correct"
-            continue
-        result.status = failure.status
-        failures.append((result, failure))
-        if failure.status in ("timeout", "runtime_error"):
-            break  # the worker may be gone; more cases would only repeat the fault
-        if ctx.stop_at_first_failure:
-            break
+    plan = [(case, case_seeds(ctx.base_seed, index, ctx.n_seeds)) for index, case in enumerate(ctx.run_cases)]
+    # The host works beside the worker (on two cores that hides most of its part,
+    # benchmarks/grading_profile.py): it makes every expected output and the next case's
+    # inputs while the worker runs a case, and compares a case's outputs while the worker runs
+    # the next one, unless the grading stops at a first failure, which must be known first.
+    judged: list[tuple[CaseResult, Future | Failure | None]] = []
+    try:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="host") as host:
+            for index, (case, seeds) in enumerate(plan):
+                result = CaseResult(case.name, case.split, dict(case.dims), case.dtype, dict(case.params))
+                ctx.verdict.cases.append(result)
+                result.seeds = seeds
+                judge, crashed = _run_case(ctx, case, result, host, plan[index + 1] if index + 1 < len(plan) else None)
+                if not (crashed or ctx.stop_at_first_failure):
+                    judged.append((result, host.submit(judge)))
+                    continue
+                failure = judge()
+                judged.append((result, failure))
+                if failure is not None:
+                    break  # a crash may have taken the worker: more cases would only repeat the fault
+    finally:  # cases judged before a worker timeout keep their own status
+        failures = []
+        for result, outcome in judged:
+            failure = outcome.result() if isinstance(outcome, Future) else outcome
+            result.status = "correct" if failure is None else failure.status
+            if failure is not None:
+                failures.append((result, failure))
     if not failures:
         return None
     first_result, first = failures[0]
@@ -556,22 +572,61 @@ def _replay_limit_failure(ctx: GradingContext) -> Failure:
                    details={"replay_limits": list(ctx.replay_limits)})
 
 
-def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | None:
-    task = ctx.task
-    inputs_per_seed = [ctx.references.inputs(task, case, s) for s in result.seeds]
+def _run_case(ctx: GradingContext, case: Case, result: CaseResult, host: ThreadPoolExecutor,
+              upcoming: tuple[Case, list[int]] | None) -> tuple[Callable[[], Failure | None], bool]:
+    """Run one case's seeds in the worker (the host makes their expected outputs meanwhile);
+    returns the judgement to make of its outputs, and whether a seed crashed."""
+    task, refs = ctx.task, ctx.references
+    start = time.perf_counter()
+    inputs_per_seed = [refs.inputs(task, case, s) for s in result.seeds]
     arrays = [a for inputs in inputs_per_seed for a in inputs]
-    reply, outputs = ctx.worker.call(Run(case.name, len(inputs_per_seed[0]), ctx.tpu_numerics),
-                                     arrays, what=f"running case {case.name}")
+    made_s = time.perf_counter() - start
+
+    def expected_outputs() -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+        begin = time.perf_counter()
+        out = [(refs.outputs_for(task, case, s), refs.tpu_outputs_for(task, case, s)) for s in result.seeds]
+        for s in upcoming[1] if upcoming else ():
+            refs.tpu_outputs_for(task, upcoming[0], s)  # the next case's inputs and outputs, ahead
+        result.reference_s = made_s + time.perf_counter() - begin
+        return out
+
+    expected = host.submit(expected_outputs)
+    summary = ctx.summaries.get(case.name)
+    races = summary is None or any(call.races_possible for call in summary.pallas_calls)
+    limit = step_limits.run_limit(summary, len(result.seeds),
+                                  ctx.limits.step_timeout_s, ctx.limits.run_ceiling_s)
+    result.limit_s = limit.seconds
+    request = Run(case.name, len(inputs_per_seed[0]), ctx.tpu_numerics, ctx.seed_checks, races)
+    reply, outputs = ctx.worker.call(request, arrays, timeout_s=limit.seconds,
+                                     what=f"running case {case.name} (its limit: {limit.describe()})")
+    result.compile_s = reply.compile_s
+    result.seed_run_s = [r.seconds for r in reply.results if r.ok]
+    result.seed_checks = [r.checks for r in reply.results]
+    result.run_s = reply.compile_s + sum(result.seed_run_s)
+
+    def judge() -> Failure | None:
+        expected_per_seed = expected.result()
+        begin = time.perf_counter()
+        try:
+            return _compare_case(ctx, case, result, reply, outputs, expected_per_seed)
+        finally:
+            result.compare_s = time.perf_counter() - begin
+
+    return judge, not all(r.ok for r in reply.results)
+
+
+def _compare_case(ctx: GradingContext, case: Case, result: CaseResult, reply: Ran, outputs: list[np.ndarray],
+                  expected_per_seed: list[tuple[list[np.ndarray], list[np.ndarray]]]) -> Failure | None:
+    task = ctx.task
     expected = list(task.out_specs(case))
-    offset, run_s = 0, 0.0
+    offset = 0
     worst = None  # (comparison, seed, output index, out, ref): the failing one, else the largest error
     result.bound_ratio = 0.0
-    for seed, seed_result in zip(result.seeds, reply.results):
+    for seed, seed_result, (expected_out, tpu_out) in zip(result.seeds, reply.results, expected_per_seed):
         if not seed_result.ok:
             result.error = f"{seed_result.error_type}: {seed_result.error.rstrip('.')}"
             return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
                                             f"{result.error}.", seed_result.error_type, seed_result.error, case=case)
-        run_s += seed_result.seconds
         got = outputs[offset: offset + seed_result.n_outputs]
         offset += seed_result.n_outputs
         shape_problem = _shape_problem(got, expected, seed_result)
@@ -579,8 +634,6 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
             result.error = shape_problem
             return Failure("wrong_shape", f"wrong output structure on case {case.describe()}: "
                                           f"{shape_problem}.", case=case)
-        expected_out = ctx.references.outputs_for(task, case, seed)
-        tpu_out = ctx.references.tpu_outputs_for(task, case, seed)
         for i, (out, ref, tpu_ref) in enumerate(zip(got, expected_out, tpu_out)):
             cmp = compare(out, ref, task.tolerances[case.dtype], tpu_ref)
             result.bound_ratio = max(result.bound_ratio, cmp.bound_ratio)
@@ -590,7 +643,6 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult) -> Failure | 
                 break
         if not worst[0].ok:
             break
-    result.run_s = run_s
     cmp, seed, i, out, ref = worst
     result.max_abs_err, result.max_rel_err = cmp.max_abs_err, cmp.max_rel_err
     result.rel_l2_err, result.mismatch_fraction = cmp.rel_l2_err, cmp.mismatch_fraction

@@ -10,12 +10,41 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
+import time
 
 from evaluator import isolation, jax_hooks
+
+# How often the worker checks that its host is still there (see watch_host).
+HOST_CHECK_S = 0.5
+
+
+def watch_host(host_pid: int, interval_s: float = HOST_CHECK_S) -> threading.Thread:
+    """End this worker, and anything it started, within `interval_s` of its host's death.
+
+    A host that dies (killed, interrupted while it waits on the pipe, its Ray actor lost)
+    cannot kill its worker, and a worker deep in a kernel never reads the pipe that would tell
+    it: it would run on, orphaned, for as long as the kernel does. The worker is reparented
+    when its host dies, so a thread that sees its parent change kills the worker's process
+    group (start_new_session made the worker its leader). A parent-death signal would need no
+    thread, but Linux sends it when the *thread* that started the worker ends, and the host
+    starts workers from pool threads that come and go."""
+    def watch() -> None:
+        while os.getppid() == host_pid:
+            time.sleep(interval_s)
+        if os.getpgrp() == os.getpid():  # never the group of whoever started a bare worker
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="host-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def main() -> None:
     args = _parse_args()
+    watch_host(os.getppid())
     isolation.limit_resources(args.memory_gb)
     granted = isolation.isolate(args.read_only, network=args.platform != "tpu")
     proto_in, proto_out = isolation.take_protocol_pipes()

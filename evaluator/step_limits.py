@@ -1,0 +1,61 @@
+"""How long a worker may run one case: a limit that follows the work, up to a ceiling.
+
+TPU interpret mode runs a kernel step by step on the CPU, and what it costs is counted in
+what the kernel does, not in its arithmetic: a fixed cost per grid step (copying blocks in
+and out) and a host callback per memory access of the body (a load, a store, a DMA or a
+semaphore op), each loop iteration counted. A sequential kernel (a scan that walks one time
+step per loop iteration, as recurrentgemma's RG-LRU kernel does) makes thousands of accesses
+per grid step and is slow for being sequential, not for being wrong; a hang is a loop with no
+end, which counts once (its trip count is unknown) and keeps the base limit.
+
+Measured here (benchmarks/grading_profile.py, with the race detector on): about 3.5 ms per
+grid step and 1.7 ms per access (tests/candidates/correct_step_scan.py: 10,300 accesses in
+17.8 s). The limit grants SAFETY times that for every seed on top of the base step limit,
+so a loaded machine does not turn a slow kernel into a `timeout`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evaluator.jaxpr_analysis import TraceSummary
+
+GRID_STEP_S = 3.5e-3  # interpret mode's cost of one grid step, before any access
+ACCESS_S = 1.7e-3     # one memory access of the kernel body with the race detector on
+SAFETY = 3.0          # headroom for slower or busier machines
+
+
+@dataclass(frozen=True)
+class RunLimit:
+    """The limit for running one case, and why it is that long (the verdict says so)."""
+
+    seconds: float
+    base_s: float
+    grid_steps: float
+    accesses: float
+    capped: bool
+
+    def describe(self) -> str:
+        if self.seconds <= self.base_s:
+            return f"the step limit of {self.base_s:g} s"
+        text = (f"{self.seconds:.0f} s: {self.base_s:g} s plus {SAFETY:g}x the interpret-mode cost of "
+                f"{self.grid_steps:,.0f} grid steps and {self.accesses:,.0f} memory accesses per seed")
+        return text + " (capped at the ceiling)" if self.capped else text
+
+
+def interpret_work(summary: TraceSummary) -> tuple[float, float]:
+    """(grid steps, memory accesses) of one run of a case's kernels, every loop counted."""
+    steps = accesses = 0.0
+    for call in summary.pallas_calls:
+        runs = call.grid_steps * call.runs
+        steps += runs
+        accesses += runs * call.accesses_per_step
+    return steps, accesses
+
+
+def run_limit(summary: TraceSummary | None, n_seeds: int, base_s: float, ceiling_s: float) -> RunLimit:
+    """The time to grant a Run of `n_seeds` seeds of a case whose trace is `summary`."""
+    steps, accesses = interpret_work(summary) if summary is not None else (0.0, 0.0)
+    work_s = SAFETY * max(n_seeds, 1) * (steps * GRID_STEP_S + accesses * ACCESS_S)
+    wanted = base_s + work_s
+    seconds = max(base_s, min(wanted, ceiling_s))
+    return RunLimit(seconds, base_s, steps, accesses, capped=wanted > ceiling_s)
