@@ -1,7 +1,7 @@
 """Do the cheap seeds change any verdict? Every corpus graded twice, with every check on every
 seed and with the seeds after the first run without the race detector.
 
-    python benchmarks/seed_checks_agreement.py [--corpus NAME ...] [--mutants 60] [--seed 0]
+    python benchmarks/seed_checks_agreement.py [--corpus NAME ...] [--pool 40] [--mutants 60] [--seed 0]
 
 The grader runs each case's first seed with every check TPU interpret mode has (the race
 detector, out-of-bounds reads raised, uninitialised memory as NaN) and, where that pays, the
@@ -11,8 +11,9 @@ seeds always without the detector: the most the default "auto" can ever differ),
 seeds, and prints per corpus how many verdicts agree, the disagreements, and the time each took.
 
 Corpora: solutions (the tasks' own), honest (tests/honest/), thirdparty (jax's own kernels,
-tests/thirdparty.py), redteam (tests/redteam/), pool (the variant pool's other correct
-kernels) and mutants (a seeded sample of the pool's mutants, data_gen/mutations.py).
+tests/thirdparty.py), redteam (tests/redteam/), pool (a seeded sample of the variant pool's
+other correct kernels) and mutants (a seeded sample of the pool kernels' mutants,
+data_gen/mutations.py).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 CORPORA = ("solutions", "honest", "thirdparty", "redteam", "pool", "mutants")
 
 
-def corpus(name: str, n_mutants: int, seed: int) -> list[tuple[str, Any, str]]:
+def corpus(name: str, n_pool: int, n_mutants: int, seed: int) -> list[tuple[str, Any, str]]:
     """(label, task or task name, source) of one corpus, graded on the train split."""
     if name in ("solutions", "honest", "thirdparty"):
         from benchmarks.seed_stability import honest_kernels
@@ -46,12 +47,13 @@ def corpus(name: str, n_mutants: int, seed: int) -> list[tuple[str, Any, str]]:
     from data_gen.pool import load_pool
 
     kernels = [e for e in load_pool() if e.ok and e.name != "solution"]
+    pick = random.Random(seed)
     if name == "pool":
-        return [(f"pool/{e.task}/{e.name}", e.task, e.source) for e in kernels]
+        return [(f"pool/{e.task}/{e.name}", e.task, e.source)
+                for e in pick.sample(kernels, min(n_pool, len(kernels)))]
     from data_gen.mutations import mutants
     from tasks import get_task
 
-    pick = random.Random(seed)
     everyone = [(e, m) for e in kernels for m in mutants(get_task(e.task), kernel=e.source)]
     return [(f"mutant/{e.task}/{e.name}/{m.operator}", e.task, m.source)
             for e, m in pick.sample(everyone, min(n_mutants, len(everyone)))]
@@ -73,6 +75,7 @@ def grade_all(items: list[tuple[str, Any, str]], seed_checks: str, seed: int) ->
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--corpus", dest="corpora", action="append", choices=CORPORA)
+    p.add_argument("--pool", type=int, default=40, help="pool kernels sampled")
     p.add_argument("--mutants", type=int, default=60, help="pool mutants sampled")
     p.add_argument("--seed", type=int, default=0, help="grading seed and mutant sample")
     args = p.parse_args()
@@ -80,7 +83,7 @@ def main() -> None:
             "|---|---:|---:|---:|---:|---:|---:|"]
     differences = []
     for name in args.corpora or CORPORA:
-        items = corpus(name, args.mutants, args.seed)
+        items = corpus(name, args.pool, args.mutants, args.seed)
         full, full_s = grade_all(items, "full", args.seed)
         cheap, cheap_s = grade_all(items, "cheap", args.seed)
         same = 0

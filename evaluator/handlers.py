@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from evaluator import jax_hooks
 from evaluator.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
+from evaluator.program import INTERPRET_COMPILE_OPTIONS
 from evaluator.protocol import (Call, CaseSpec, Compile, Compiled, Done, Failed, Load, Lower,
                                 Ping, Pong, Ran, Reset, Returned, Run, SeedResult, Time, Timed,
                                 Trace, Traced, TracedCase)
@@ -157,12 +158,6 @@ def compile_case(state: WorkerState, request: Compile, arrays: list) -> tuple[An
 # against 2.8 s per seed; benchmarks/grading_profile.py, docs/evaluator.md).
 FULL_CHECKS = "full"
 CHEAP_CHECKS = "no race detection"
-# XLA's CPU compile of an interpret-mode program is most of a grading (54% over the 40
-# solutions); its run is mostly host callbacks, which no optimisation speeds up. The older
-# loop emitters and no LLVM optimisation halve the compile. The outputs were bitwise equal on
-# 59 of 80 solution cases and within rounding (the order of a reduction's sums) on the rest;
-# no verdict on any corpus changed (docs/evaluator.md, "Grading speed").
-INTERPRET_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
 
 
 def run(state: WorkerState, request: Run, arrays: list) -> tuple[Any, list]:

@@ -41,6 +41,18 @@ _INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_
 _REBUILT = frozenset({"scan", "while", "cond", "shard_map"})
 
 
+# XLA's CPU compile of the programs a grading runs on the host CPU was most of a grading (54%
+# of the 40 solutions'). The older loop emitters cut it by 30-40% and left every output
+# bitwise equal (80 interpret-mode cases of the solutions, 120 reference cases): the host's
+# references compile so. An interpret-mode program's run is mostly host callbacks, which no
+# optimisation speeds up, so it also gets no LLVM optimisation: half the compile in all; its
+# outputs were bitwise equal on 59 of 80 cases and differed in the last bits on the rest (the
+# order in which a reduction adds, which a TPU does its own way), and no verdict on any corpus
+# changed (benchmarks/seed_checks_agreement.py, docs/architecture.md "Grading speed").
+REFERENCE_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+INTERPRET_COMPILE_OPTIONS = {**REFERENCE_COMPILE_OPTIONS, "xla_backend_optimization_level": 0}
+
+
 class ReplayLimit(NotImplementedError):
     """A pallas_call inside a primitive that the interpret-mode replay cannot rebuild yet: a
     limit of the grader, not a fault of the kernel."""

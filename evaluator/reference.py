@@ -138,14 +138,14 @@ class ReferenceCache:
     def _reference_fn(self, task: Task, tpu_dots: bool | None) -> Any:
         """The jitted reference; with `tpu_dots` its dots rounded as a TPU rounds them, and
         with None a function of both: (exact outputs, TPU-rounded outputs)."""
-        from evaluator.program import with_tpu_dots
+        from evaluator.program import REFERENCE_COMPILE_OPTIONS, with_tpu_dots
 
         key = (*_identity(task), tpu_dots)
         with self._lock:
             if key not in self._jitted:
                 fn = {False: task.reference, True: with_tpu_dots(task.reference),
                       None: lambda *a: (task.reference(*a), with_tpu_dots(task.reference)(*a))}[tpu_dots]
-                self._jitted[key] = _jax().jit(fn)
+                self._jitted[key] = _jax().jit(fn, compiler_options=REFERENCE_COMPILE_OPTIONS)
             return self._jitted[key]
 
 
