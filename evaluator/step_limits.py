@@ -8,8 +8,8 @@ step per loop iteration, as recurrentgemma's RG-LRU kernel does) makes thousands
 per grid step and is slow for being sequential, not for being wrong; a hang is a loop with no
 end, which counts once (its trip count is unknown) and keeps the base limit.
 
-Measured here (benchmarks/grading_profile.py, with the race detector on): about 3.5 ms per
-grid step and 1.7 ms per access (tests/candidates/correct_step_scan.py: 10,300 accesses in
+Measured on the development machine, with the race detector on: about 3.5 ms per
+grid step and 1.7 ms per access (tests/candidates/correct_step_scan.py: 10,264 accesses in
 17.8 s). The limit grants SAFETY times that for every seed on top of the base step limit,
 so a loaded machine does not turn a slow kernel into a `timeout`.
 """
@@ -37,7 +37,7 @@ class RunLimit:
     def describe(self) -> str:
         if self.seconds <= self.base_s:
             return f"the step limit of {self.base_s:g} s"
-        text = (f"{self.seconds:.0f} s: {self.base_s:g} s plus {SAFETY:g}x the interpret-mode cost of "
+        text = (f"{self.seconds:g} s: {self.base_s:g} s plus {SAFETY:g}x the interpret-mode cost of "
                 f"{self.grid_steps:,.0f} grid steps and {self.accesses:,.0f} memory accesses per seed")
         return text + " (capped at the ceiling)" if self.capped else text
 
@@ -55,7 +55,7 @@ def interpret_work(summary: TraceSummary) -> tuple[float, float]:
 def run_limit(summary: TraceSummary | None, n_seeds: int, base_s: float, ceiling_s: float) -> RunLimit:
     """The time to grant a Run of `n_seeds` seeds of a case whose trace is `summary`."""
     steps, accesses = interpret_work(summary) if summary is not None else (0.0, 0.0)
-    work_s = SAFETY * max(n_seeds, 1) * (steps * GRID_STEP_S + accesses * ACCESS_S)
+    work_s = round(SAFETY * max(n_seeds, 1) * (steps * GRID_STEP_S + accesses * ACCESS_S))  # whole seconds
     wanted = base_s + work_s
     seconds = max(base_s, min(wanted, ceiling_s))
     return RunLimit(seconds, base_s, steps, accesses, capped=wanted > ceiling_s)

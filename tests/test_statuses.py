@@ -48,6 +48,8 @@ def test_hanging_candidate_times_out_and_next_one_is_graded(quick_timeout_evalua
     verdict = quick_timeout_evaluator.grade(task, read_candidate(name), split="train")
     assert verdict.status == "timeout", verdict.message
     assert verdict.wall_s < 60
+    if verdict.stage == "run":  # a hang in the kernel: the verdict says what limit applied
+        assert "its limit: the step limit of 8 s" in verdict.message, verdict.message
     # the pool replaced the killed worker: an honest kernel is graded normally afterwards
     again = quick_timeout_evaluator.grade("softmax", read_candidate("no_kernel_plain_jnp"))
     assert again.status == "no_kernel"
