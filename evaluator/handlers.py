@@ -155,7 +155,7 @@ def compile_case(state: WorkerState, request: Compile, arrays: list) -> tuple[An
 # The interpret-mode checks a seed runs under: every check TPU interpret mode has (the race
 # detector, out-of-bounds reads raised, uninitialised memory poisoned with NaN), or all but the
 # race detector, which costs most on kernels that touch memory often (a per-step scan: 17.8 s
-# against 2.8 s per seed; benchmarks/grading_profile.py, docs/evaluator.md).
+# against 2.8 s per seed; docs/architecture.md, "Grading speed").
 FULL_CHECKS = "full"
 CHEAP_CHECKS = "no race detection"
 
@@ -181,7 +181,8 @@ def run(state: WorkerState, request: Run, arrays: list) -> tuple[Any, list]:
     jax_hooks.take_races()
     for s in range(len(arrays) // nargs):
         inputs = arrays[s * nargs:(s + 1) * nargs]
-        if s == 1 and checks == FULL_CHECKS and state.interpret and _cheap_after(request.seed_checks, results[0], compile_s):
+        if (s == 1 and checks == FULL_CHECKS and state.interpret
+                and _cheap_after(request.seed_checks, results[0], compile_s)):
             checks = CHEAP_CHECKS
         try:
             program, seconds = _compiled(state, request.case, request.tpu_numerics, checks, inputs)

@@ -76,7 +76,7 @@ class GradingContext:
     worker: Worker | None = None
     stop_at_first_failure: bool = False  # run stage: skip the remaining cases once one fails
     tpu_numerics: bool = True  # interpret mode: dots in kernels as the TPU's MXU computes them
-    seed_checks: str = "auto"  # run stage: the checks of the seeds after the first (protocol.SEED_CHECKS)
+    seed_checks: str = "auto"  # run stage: where the race detector runs (protocol.SEED_CHECKS)
     limits: Limits = Limits()  # run stage: the base step limit and ceiling of evaluator/step_limits.py
     source: str = ""
     shim: str = ""  # appended when loaded: kernel() for a candidate in a peer suite's format
@@ -532,7 +532,8 @@ def run_stage(ctx: GradingContext) -> Failure | None:
                 result = CaseResult(case.name, case.split, dict(case.dims), case.dtype, dict(case.params))
                 ctx.verdict.cases.append(result)
                 result.seeds = seeds
-                judge, crashed = _run_case(ctx, case, result, host, plan[index + 1] if index + 1 < len(plan) else None)
+                judge, crashed = _run_case(ctx, case, result, host,
+                                           plan[index + 1] if index + 1 < len(plan) else None)
                 if not (crashed or ctx.stop_at_first_failure):
                     judged.append((result, host.submit(judge)))
                     continue
@@ -751,7 +752,7 @@ STAGES: tuple[Stage, ...] = (
     _stage("features", features_stage, reads="summaries"),
     _stage("lowering", lowering_stage, reads="summaries"),
     _stage("estimate", estimate_stage, reads="summaries check_work_share"),
-    _stage("run", run_stage, reads="replay_limits coverage_cases"),
+    _stage("run", run_stage, reads="summaries replay_limits coverage_cases"),
     _stage("timing", timing_stage, reads="coverage_cases"),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
