@@ -36,8 +36,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-ceiling", type=float, default=None,
                    help="the most seconds one case's run may be granted (default 900)")
     p.add_argument("--seed-checks", choices=SEED_CHECKS, default="auto",
-                   help="interpret mode: the checks of each case's seeds after the first, which always "
-                        "runs every check; auto (default) drops the race detector where that is faster")
+                   help="interpret mode: where the race detector runs. auto (default): on the first seed "
+                        "of a case whose kernels start DMAs, and on its other seeds unless dropping it "
+                        "is faster; full: every seed of every case; cheap: never after a first seed")
     p.add_argument("--json", action="store_true", help="print the verdict record(s) as JSON")
     p.add_argument("--exact-dots", action="store_true",
                    help="interpret mode: compute f32 dots in kernels exactly, not as a TPU does "

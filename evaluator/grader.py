@@ -52,8 +52,8 @@ class Evaluator:
         """`executor="ray"`: grade on `workers` Ray actors of the cluster at `address` ("auto",
         "ray://host:10001", or "local" for a private one) instead of local worker processes.
         `cache`: a folder (or VerdictCache) of verdicts already reached, looked up first.
-        `seed_checks`: the interpret-mode checks of each case's seeds after the first
-        (evaluator/handlers.py, run): "auto" (default), "full" or "cheap"."""
+        `seed_checks`: where interpret mode's race detector runs (protocol.SEED_CHECKS,
+        evaluator/handlers.py, run): "auto" (default), "full" or "cheap"."""
         if executor not in ("local", "ray"):
             raise ValueError(f"unknown executor {executor!r}; choose local or ray")
         if seed_checks not in SEED_CHECKS:

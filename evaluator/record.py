@@ -94,7 +94,7 @@ class CaseResult:
     compile_s: float | None = None
     seed_run_s: list[float] = field(default_factory=list)
     seed_checks: list[str] = field(default_factory=list)
-    reference_s: float | None = None
+    reference_s: float | None = None  # its inputs and expected outputs (and the next case's, made ahead)
     compare_s: float | None = None
     limit_s: float | None = None  # the time the worker was given for this case (evaluator/step_limits.py)
 

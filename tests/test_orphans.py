@@ -12,9 +12,12 @@ from evaluator.worker import HOST_CHECK_S
 from tests.conftest import ROOT, read_candidate
 
 # A host that starts its worker, says its pid, and grades a kernel that never ends. No
-# `with` and no close(): what a host that dies leaves behind is what is tested.
+# `with` and no close(): what a host that dies leaves behind is what is tested. Ctrl-C raises
+# KeyboardInterrupt as in a terminal (a test runner's process may ignore SIGINT, and its
+# children would inherit that).
 HOST = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from evaluator.grader import Evaluator
 evaluator = Evaluator(workers=1)
 evaluator.warm_up()
