@@ -7,7 +7,7 @@ import platform
 import socket
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -169,6 +169,7 @@ class Evaluator:
 
     def _run_stages(self, ctx: GradingContext, stages: tuple[Stage, ...] = STAGES) -> Failure | None:
         lease = None
+        ahead: list[Future] = []
         failure: Failure | None = None
         finished = False  # False when interrupted (Ctrl-C) or our own code raised mid-stage
         try:
@@ -176,6 +177,8 @@ class Evaluator:
                 if stage.name not in SOURCE_STAGES and ctx.worker is None:
                     lease = self.pool.lease()
                     ctx.worker = lease.__enter__()
+                    if any(s.name == "run" for s in stages):  # made while the worker traces
+                        ahead = self.references.ahead(ctx.task, ctx.traced_cases, ctx.run_plan())
                 t0 = time.perf_counter()
                 try:
                     failure = stage.run(ctx)
@@ -194,6 +197,8 @@ class Evaluator:
             finished = True
             return None
         finally:
+            for job in ahead:
+                job.cancel()  # a grading that ended early leaves the rest unmade
             if lease is not None:
                 # Any case that crashed or hung counts, not only the status the verdict reports:
                 # a runtime error in a later case left an earlier candidate's exception to surface

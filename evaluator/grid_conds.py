@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from evaluator.jaxpr_walk import is_closed_jaxpr, param_jaxprs
+from evaluator.program import INTERPRET_COMPILE_OPTIONS
 
 # Above this many grid points (times the iterations of the loops around a cond, for its
 # loop counters) the predicates are not evaluated: the dearest branch counts.
@@ -70,8 +71,10 @@ def grid_cond_branches(kernel_jaxpr: Any, grid: Sequence[int],
 
     try:
         # Traced and compiled as one program: bound eagerly, every primitive of every body
-        # was an XLA compile of its own (120 of them, 2.6 s, for attention_bwd's kernels).
-        values = jax.jit(jax.vmap(predicates) if grid else predicates)(*points)
+        # was an XLA compile of its own (120 of them, 2.6 s, for attention_bwd's kernels). A
+        # few scalar ops per grid point: compiled as cheaply as the interpret-mode programs.
+        values = jax.jit(jax.vmap(predicates) if grid else predicates,
+                         compiler_options=INTERPRET_COMPILE_OPTIONS)(*points)
     except Exception:  # noqa: BLE001  (an odd body must not fail a grading: dearest branches)
         return None
     found: dict[int, np.ndarray] = {}

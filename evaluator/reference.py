@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -54,6 +55,28 @@ class ReferenceCache:
         self._costs: dict[tuple, Cost] = {}
         self._inputs: OrderedDict[tuple, _Slot] = OrderedDict()   # (inputs, their sampled outputs or None)
         self._outputs: OrderedDict[tuple, _Slot] = OrderedDict()  # (outputs, TPU-rounded outputs)
+        self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="references-ahead")
+
+    def ahead(self, task: Task, costed: Sequence[Case], plan: Sequence[tuple[Case, Sequence[int]]]
+              ) -> list[Future]:
+        """Start making, on a background thread, what a grading will ask for: the reference's
+        cost at each case of `costed` (the structure stage's first question), then each case's
+        inputs and expected outputs for its seeds (`plan`, the run stage's). The host has
+        nothing else to do while its worker loads, traces and lowers the candidate; the stages
+        then find these values made, or wait for the one being made. A value that fails is
+        made again, and its error raised, by the stage that asks. Cancel the futures when the
+        grading ends: what has not started by then is not made."""
+        def quietly(make: Callable[[], Any]) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    make()
+                except Exception:  # noqa: BLE001  (the stage that asks again raises it)
+                    pass
+            return run
+
+        jobs = [quietly(lambda c=c: self.cost(task, c)) for c in costed]
+        jobs += [quietly(lambda c=c, s=s: self._expected(task, c, s)) for c, seeds in plan for s in seeds]
+        return [self._ahead.submit(job) for job in jobs]
 
     def inputs(self, task: Task, case: Case, seed: int) -> tuple[np.ndarray, ...]:
         return self._sample(task, case, seed)[0]

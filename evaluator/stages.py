@@ -100,6 +100,12 @@ class GradingContext:
     def run_cases(self) -> list[Case]:
         return self.task.select(self.split, "check") + self.coverage_cases
 
+    def run_plan(self) -> list[tuple[Case, list[int]]]:
+        """Each case the run stage runs, with its seeds: the task's check cases first, so
+        theirs are known before the coverage stage adds its own."""
+        return [(case, case_seeds(self.base_seed, index, self.n_seeds))
+                for index, case in enumerate(self.run_cases)]
+
 
 def case_spec(task: Task, case: Case, traffic: bool = False) -> CaseSpec:
     """What a worker needs to trace, lower or compile a case: its name, argument specs and the
@@ -520,7 +526,7 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
 def run_stage(ctx: GradingContext) -> Failure | None:
     if ctx.backend.interpret and ctx.replay_limits:
         return _replay_limit_failure(ctx)
-    plan = [(case, case_seeds(ctx.base_seed, index, ctx.n_seeds)) for index, case in enumerate(ctx.run_cases)]
+    plan = ctx.run_plan()
     # The host works beside the worker (on two cores that hides most of its part,
     # benchmarks/grading_profile.py): it makes every expected output and the next case's
     # inputs while the worker runs a case, and compares a case's outputs while the worker runs
