@@ -164,3 +164,41 @@ def test_expected_outputs_are_made_once_when_two_threads_ask_together():
     assert made == [case.name]
     assert np.array_equal(results[0][0], results[1][0])
     assert refs.inputs(counted, case, 7) is refs.inputs(counted, case, 7)
+
+
+def test_values_made_ahead_are_the_ones_the_stages_then_use():
+    """ReferenceCache.ahead makes what a grading will ask for while its worker traces: each
+    value once, and the stages' own requests find it made."""
+    made = []
+    task = get_task("softmax")
+
+    def counted_inputs(case, rng):
+        made.append(case.name)
+        return task.make_inputs(case, rng)
+
+    counted = dataclasses.replace(task, make_inputs=counted_inputs)
+    refs = ReferenceCache()
+    plan = [(case, [3, 4]) for case in counted.select("train", "check")]
+    for job in refs.ahead(counted, counted.select("train"), plan):
+        job.result()
+    assert sorted(made) == sorted(case.name for case, seeds in plan for _ in seeds)
+    for case, seeds in plan:
+        for seed in seeds:
+            inputs = refs.inputs(counted, case, seed)
+            expected = refs.outputs(counted, case, inputs)
+            assert all(np.array_equal(a, b) for a, b in zip(refs.outputs_for(counted, case, seed), expected))
+    assert len(made) == 2 * len(plan)  # nothing made twice
+
+
+def test_a_value_that_fails_ahead_fails_where_the_stage_asks_for_it():
+    task = get_task("softmax")
+
+    def broken_inputs(case, rng):
+        raise RuntimeError("no inputs today")
+
+    broken = dataclasses.replace(task, make_inputs=broken_inputs)
+    refs, case = ReferenceCache(), broken.select("train", "check")[0]
+    jobs = refs.ahead(broken, [], [(case, [1])])
+    assert [job.result() for job in jobs] == [None]  # the background thread keeps its peace
+    with pytest.raises(RuntimeError, match="no inputs today"):
+        refs.inputs(broken, case, 1)
