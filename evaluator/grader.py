@@ -178,7 +178,7 @@ class Evaluator:
                     lease = self.pool.lease()
                     ctx.worker = lease.__enter__()
                     if any(s.name == "run" for s in stages):  # made while the worker traces
-                        ahead = self.references.ahead(ctx.task, ctx.traced_cases, ctx.run_plan())
+                        ahead = self.references.ahead(ctx.task, ctx.traced_cases, ctx.run_plan)
                 t0 = time.perf_counter()
                 try:
                     failure = stage.run(ctx)

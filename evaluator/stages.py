@@ -100,6 +100,7 @@ class GradingContext:
     def run_cases(self) -> list[Case]:
         return self.task.select(self.split, "check") + self.coverage_cases
 
+    @property
     def run_plan(self) -> list[tuple[Case, list[int]]]:
         """Each case the run stage runs, with its seeds: the task's check cases first, so
         theirs are known before the coverage stage adds its own."""
@@ -526,7 +527,7 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
 def run_stage(ctx: GradingContext) -> Failure | None:
     if ctx.backend.interpret and ctx.replay_limits:
         return _replay_limit_failure(ctx)
-    plan = ctx.run_plan()
+    plan = ctx.run_plan
     # The host works beside the worker (on two cores that hides most of its part,
     # benchmarks/grading_profile.py): it makes every expected output and the next case's
     # inputs while the worker runs a case, and compares a case's outputs while the worker runs
