@@ -7,7 +7,7 @@ task's FLOPs while doing 1/16 of them. Most predicates in honest kernels are fun
 the grid position alone (an accumulator's init at k == 0, its write-back at the last k,
 causal block skipping), so they can be evaluated. This module evaluates every cond index
 that depends only on program ids, num_programs, literals and constants at every grid point
-at once (the body's equations bound under `jax.vmap` over the index grid), and the cost
+at once (the body's equations computed over arrays of grid points: _GridEvaluator), and the cost
 walker (evaluator/jaxpr_cost.py) charges each branch on the grid points where it is taken.
 Inside a loop of known length (a `scan`, a `while` whose maximum trip count
 evaluator/intervals.py found), the loop counter is evaluated too, at every iteration (so
