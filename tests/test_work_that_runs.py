@@ -71,6 +71,15 @@ def test_pl_when_on_the_grid_counts_only_the_steps_that_take_it():
     # Arithmetic on the ids (`//`, `%`, num_programs) is evaluated too.
     assert _dot_steps(_matmul(lambda i, j, k: (i * G + j) % 5 == pl.num_programs(0) // 4 - 1)) == (
         pytest.approx(4 * G, rel=0.05))  # (i, j) with 4i + j in {0, 5, 10, 15}
+    # Negative ids and a truncating division: lax's `div` and `rem` round toward zero.
+    assert _dot_steps(_matmul(lambda i, j, k: lax.div(i - 2, 2) + lax.rem(j - 3, 2) == 0)) == (
+        pytest.approx(6 * G, rel=0.05))  # div: -1, 0, 0, 0 over i; rem: -1, 0, -1, 0 over j (floor: 8)
+
+
+def test_a_predicate_in_floats_is_evaluated_as_jax_computes_it():
+    # Not one of the integer ops computed with numpy: bound by jax over every grid point.
+    steps = _dot_steps(_matmul(lambda i, j, k: jnp.sin(i.astype(jnp.float32)) > 0.5))
+    assert steps == pytest.approx(2 * G * G, rel=0.02)  # sin(1), sin(2) > 0.5; sin(0), sin(3) not
 
 
 def test_predicates_that_read_data_keep_the_dearest_branch():
