@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from data_gen.catalogue import mix_of, real_mix, total_variation
-from data_gen.fingerprint import fingerprint
-from data_gen.giveaways import dataset_giveaways, row_giveaways, structure
-from data_gen.mix import MAX_KIND_SHARE, TV_LIMIT, semantic_share
-from data_gen.text_rules import opening_share, prose, row_violations
+from data_gen.catalogue.kinds import mix_of, real_mix, total_variation
+from data_gen.failures.fingerprint import fingerprint
+from data_gen.failures.giveaways import dataset_giveaways, row_giveaways, structure
+from data_gen.catalogue.mix import MAX_KIND_SHARE, TV_LIMIT, semantic_share
+from data_gen.rows.text_rules import opening_share, prose, row_violations
 
 
 def check(folder: Path, min_rows: int, min_classes: int, min_repairs: int, max_per_repair: int,

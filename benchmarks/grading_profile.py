@@ -7,7 +7,7 @@ and is not counted). The table splits each grading into: load (executing the mod
 (tracing kernel() at every size and the analyses of the structure and coverage stages), the
 other static checks, lower (Pallas -> Mosaic for TPU), compile (the interpret-mode program of
 each case, in the worker), run (each seed's execution: the first seed with every check, the
-others as the grader chose, evaluator/handlers.py) and the rest of the run stage (pipes, and host work the worker did not hide). The host makes
+others as the grader chose, evaluator/execution/handlers.py) and the rest of the run stage (pipes, and host work the worker did not hide). The host makes
 inputs and expected outputs, and compares outputs, while the worker runs (evaluator/stages.py,
 run_stage): those times are shown apart, "beside the worker", as most of them do not add to the
 wall time. Shares are of the summed wall time. Timings on shared cores are noisy: compare

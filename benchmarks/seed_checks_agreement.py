@@ -5,7 +5,7 @@ seed and with the seeds after the first run without the race detector.
 
 The grader runs each case's first seed with every check TPU interpret mode has (the race
 detector, out-of-bounds reads raised, uninitialised memory as NaN) and, where that pays, the
-other seeds without the race detector (evaluator/handlers.py, run). This grades each corpus
+other seeds without the race detector (evaluator/execution/handlers.py, run). This grades each corpus
 with `seed_checks="full"` (every seed, every check) and with `seed_checks="cheap"` (the other
 seeds always without the detector: the most the default "auto" can ever differ), on the same
 seeds, and prints per corpus how many verdicts agree, the disagreements, and the time each took.
@@ -13,7 +13,7 @@ seeds, and prints per corpus how many verdicts agree, the disagreements, and the
 Corpora: solutions (the tasks' own), honest (tests/honest/), thirdparty (jax's own kernels,
 tests/thirdparty.py), redteam (tests/redteam/), pool (a seeded sample of the variant pool's
 other correct kernels) and mutants (a seeded sample of the pool kernels' mutants,
-data_gen/mutations.py).
+data_gen/failures/mutations.py).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def corpus(name: str, n_pool: int, n_mutants: int, seed: int) -> list[tuple[str,
     if name == "pool":
         return [(f"pool/{e.task}/{e.name}", e.task, e.source)
                 for e in pick.sample(kernels, min(n_pool, len(kernels)))]
-    from data_gen.mutations import mutants
+    from data_gen.failures.mutations import mutants
     from tasks import get_task
 
     everyone = [(e, m) for e in kernels for m in mutants(get_task(e.task), kernel=e.source)]

@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PALLAS_EVAL_ASSUME_NO_TPU", "1")
 
-from evaluator import handlers, jax_hooks  # noqa: E402
+from evaluator.execution import handlers, jax_hooks  # noqa: E402
+from evaluator.execution.protocol import Done, Reset  # noqa: E402
 from evaluator.grader import Evaluator, Job  # noqa: E402
-from evaluator.protocol import Done, Reset  # noqa: E402
 from tasks import all_tasks  # noqa: E402
 
 SMALL = [  # (candidate file under tests/candidates, task): each fails before the run stage

@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from evaluator.candidate.knobs import find_knobs, rewrite
     from evaluator.grader import Evaluator
-    from evaluator.knobs import find_knobs, rewrite
     from evaluator.tune import static_trial, tune
     from tasks import get_task
 

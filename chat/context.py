@@ -5,7 +5,7 @@ The ladder is cumulative so that each rung adds information and nothing else cha
 written guide to Pallas on TPU (chat/guide/pallas_tpu.md).
 
 The per-generation numbers the evaluator also uses (VMEM, default scoped VMEM limit, HBM
-bandwidth, peak bf16 FLOP/s) come from `evaluator.hardware.GENERATIONS`, so the prompt and the
+bandwidth, peak bf16 FLOP/s) come from `evaluator.performance.hardware.GENERATIONS`, so the prompt and the
 VMEM/performance checks can never disagree. Only facts that table lacks live here.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS, MiB, TpuGeneration
+from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS, MiB, TpuGeneration
 
 CONTEXTS = ("none", "spec", "guide")
 
@@ -25,7 +25,7 @@ GiB = 1 << 30
 
 @dataclass(frozen=True)
 class ChipFacts:
-    """What a kernel author needs beyond evaluator.hardware: matmul unit size and core layout."""
+    """What a kernel author needs beyond evaluator.performance.hardware: matmul unit size and core layout."""
     mxu: int                 # MXU is mxu x mxu (tpu_info.py: mxu_column_size)
     cores_per_device: int    # TensorCores behind one JAX device (2 = megacore)
     cores_per_chip: int      # physical TensorCores on the chip

@@ -12,8 +12,8 @@ import types
 from functools import cache
 
 from chat.context import render_context
-from evaluator.hardware import DEFAULT_GENERATION
-from evaluator.policy import parse_module
+from evaluator.candidate.policy import parse_module
+from evaluator.performance.hardware import DEFAULT_GENERATION
 from evaluator.record import Verdict
 from tasks.spec import Case, Task
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from cli.options import (UsageError, add_common_options, console, make_evaluator, open_resolver,
-                         open_suite_option, resolve_tasks)
-from evaluator.hardware import GENERATIONS
+from cli.options import (UsageError, add_common_options, console, make_evaluator, open_resolver, open_suite_option,
+                         resolve_tasks)
+from evaluator.performance.hardware import GENERATIONS
 from evaluator.record import Verdict
 
 
@@ -135,8 +135,7 @@ def _check_attempts(args: argparse.Namespace) -> int:
 
     from evaluator.digest import evaluator_digest
     from evaluator.grader import Evaluator
-    from suites import attempts as att
-    from suites import attempts_report as rep
+    from suites import attempts as att, attempts_report as rep
     from suites.jaxbench import TUNED_FOR
 
     with open_suite_option(args.suite) as imported:

@@ -7,7 +7,7 @@ import json
 from rich.table import Table
 
 from cli.options import UsageError, console, open_resolver, read_candidate, resolve_tasks
-from evaluator.hardware import GENERATIONS, MiB
+from evaluator.performance.hardware import GENERATIONS, MiB
 
 
 def add_parser(sub) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from evaluator.grader import Evaluator, Job
-    from evaluator.perf_model import worst_bench_case
+    from evaluator.performance.perf_model import worst_bench_case
     from evaluator.stages import LAST_STATIC_STAGE
 
     with open_resolver(None) as ours:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evaluator.backends import BACKENDS
-from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
-from evaluator.protocol import SEED_CHECKS
+from evaluator.execution.backends import BACKENDS
+from evaluator.execution.protocol import SEED_CHECKS
+from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -133,8 +133,8 @@ def scale_kwargs(args: argparse.Namespace) -> dict[str, object]:
 
 def make_evaluator(args: argparse.Namespace, workers: int = 1, selected: list = ()):
     """The Evaluator the common options ask for; a bad combination is a UsageError."""
+    from evaluator.execution.sandbox import Limits
     from evaluator.grader import Evaluator
-    from evaluator.sandbox import Limits
 
     given = {"step_timeout_s": args.timeout, "run_ceiling_s": args.run_ceiling}
     limits = Limits(**{k: v for k, v in given.items() if v is not None})

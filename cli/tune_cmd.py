@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli.options import UsageError, console, open_resolver, read_candidate, resolve_tasks
-from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS, MiB
+from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS, MiB
 
 
 def add_parser(sub) -> None:
@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from evaluator.extract import ExtractionError, extract_code
+    from evaluator.candidate.extract import ExtractionError, extract_code
     from evaluator.grader import Evaluator
     from evaluator.tune import TuneError, libtpu_installed, tune
 
@@ -45,7 +45,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         source = extract_code(read_candidate(args.candidate))
     except ExtractionError as exc:
         raise UsageError(f"{args.candidate}: {exc}") from None
-    from evaluator.knobs import find_knobs
+    from evaluator.candidate.knobs import find_knobs
 
     try:
         knobs = find_knobs(source)

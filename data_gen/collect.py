@@ -25,16 +25,19 @@ from typing import Any
 from chat.context import CONTEXTS
 from chat.models import EndpointError, make_chat_model
 from cli.options import add_scale_options, scale_kwargs
-from data_gen.dataset import ContaminationError, balance, calibrate, cap_per_edit, cap_per_repair, dedupe, \
-    write_dataset
-from data_gen.giveaways import structure
-from data_gen.journal import Journal, JournalMismatch
-from data_gen.catalogue import OPERATOR_NAMES, operator
+from data_gen.failures.giveaways import structure
+from data_gen.failures.operators import OPERATOR_NAMES, operator
 from data_gen.pool import DEFAULT_POOL, PoolEntry, fresh_verdicts, load_pool, pool_variants
-from data_gen.repair_search import DEFAULT_BUDGET
-from data_gen.replay import ReplaySource, Yield, checkout_items, read_replay
-from data_gen.sources import ModelSource, MutationSource, PromptSettings, SeededGrading
-from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
+from data_gen.repairs.repair_search import DEFAULT_BUDGET
+from data_gen.rows.dataset import (ContaminationError, balance, calibrate, cap_per_edit, cap_per_repair, dedupe,
+                                   write_dataset)
+from data_gen.rows.journal import Journal, JournalMismatch
+from data_gen.rows.pairs import PromptSettings
+from data_gen.sources.grading import SeededGrading
+from data_gen.sources.model import ModelSource
+from data_gen.sources.mutation import MutationSource
+from data_gen.sources.replay import ReplaySource, Yield, checkout_items, read_replay
+from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
 from tasks.spec import Task
@@ -205,13 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, console: Any, start: float, suite: Any) -> dict[str, Any]:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from evaluator.grader import Evaluator
 

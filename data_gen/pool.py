@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_gen.fingerprint import fingerprint
-from data_gen.variants import Candidate, candidates
+from data_gen.failures.fingerprint import fingerprint
+from data_gen.failures.variants import Candidate, candidates
 from evaluator.digest import evaluator_digest, task_digest
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
@@ -116,7 +116,7 @@ def pool_variants(entries: list[PoolEntry]) -> dict[str, list[tuple[str, str]]]:
 def fresh_verdicts(entries: list[PoolEntry], backend: str) -> tuple[dict[str, Verdict], int]:
     """Verdicts of the correct entries whose hash is current, keyed as collect keys repairs; and
     how many correct entries are stale (collect grades those again before their first use)."""
-    from data_gen.sources import repair_key
+    from data_gen.sources.grading import repair_key
 
     fresh, stale = {}, 0
     for entry in (e for e in entries if e.ok):
@@ -174,7 +174,7 @@ def build(tasks: list[Task], folder: Path, per_task: int, workers: int,
     as written and how many candidates were graded."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from data_gen.sources import seed_for
+    from data_gen.sources.grading import seed_for
     from evaluator.grader import Evaluator, Job
 
     names = {t.name for t in tasks}
@@ -241,7 +241,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from evaluator.backends import default_backend
+    from evaluator.execution.backends import default_backend
 
     args = parse_args(argv)
     console = Console(stderr=True)

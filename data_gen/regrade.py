@@ -18,7 +18,6 @@ from chat.prompts import code_block
 def regrade(dataset: Path, suite_spec: str | None, workers: int, seed: int) -> list[tuple[str, str, str, str]]:
     """(row id, task, the failing kernel's status, the repair's status) for every row."""
     import datasets
-
     from evaluator.grader import Evaluator, Job
     from suites.resolver import TaskResolver
 
@@ -36,7 +35,7 @@ def _generation(dataset: Path) -> str:
     """The TPU generation the rows were graded for, as the card's description names it."""
     import re
 
-    from evaluator.hardware import DEFAULT_GENERATION
+    from evaluator.performance.hardware import DEFAULT_GENERATION
 
     card = dataset / "README.md"
     found = re.search(r"\(target (\w+)\)", card.read_text()) if card.is_file() else None

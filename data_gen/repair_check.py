@@ -15,10 +15,11 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from data_gen.catalogue import KINDS, classify
-from data_gen.mutations import mutants
-from data_gen.repairers import repair
-from data_gen.sources import SeededGrading, first_failure
+from data_gen.catalogue.kinds import KINDS, classify
+from data_gen.failures.mutations import mutants
+from data_gen.repairs.repairers import repair
+from data_gen.sources.grading import SeededGrading
+from data_gen.sources.mutation import first_failure
 from evaluator.grader import Evaluator
 from tasks import get_task
 

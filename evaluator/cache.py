@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluator.candidate.extract import ExtractionError, extract_code
 from evaluator.digest import evaluator_digest, task_digest
-from evaluator.extract import ExtractionError, extract_code
 from evaluator.record import Verdict
 from tasks.spec import Task
 

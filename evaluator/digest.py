@@ -16,12 +16,12 @@ import functools
 import hashlib
 from pathlib import Path
 
-from evaluator.policy import parse_module
+from evaluator.candidate.policy import parse_module
 from tasks.spec import Task
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where grading starts: the host's side and the sandboxed worker's.
-GRADING_ROOTS = ("evaluator.grader", "evaluator.worker")
+GRADING_ROOTS = ("evaluator.grader", "evaluator.execution.worker")
 
 
 @functools.lru_cache(maxsize=1)

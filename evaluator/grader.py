@@ -4,23 +4,23 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import socket
 import secrets
+import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from evaluator.backends import default_backend, get_backend
 from evaluator.cache import VerdictCache, cache_key
-from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
-from evaluator.protocol import SEED_CHECKS, Reset
+from evaluator.execution.backends import default_backend, get_backend
+from evaluator.execution.protocol import SEED_CHECKS, Reset
+from evaluator.execution.remote import ActorsLost, RayExecutor
+from evaluator.execution.sandbox import Limits, WorkerError, WorkerPool
+from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import StageTiming, Status, Verdict
-from evaluator.reference import ReferenceCache
-from evaluator.remote import ActorsLost, RayExecutor
-from evaluator.sandbox import Limits, WorkerError, WorkerPool
 from evaluator.stages import SOURCE_STAGES, STAGE_NAMES, STAGES, Failure, GradingContext, Stage, correct_message
+from evaluator.truth.reference import ReferenceCache
 from tasks import get_task
 from tasks.spec import Task
 
@@ -53,7 +53,7 @@ class Evaluator:
         "ray://host:10001", or "local" for a private one) instead of local worker processes.
         `cache`: a folder (or VerdictCache) of verdicts already reached, looked up first.
         `seed_checks`: where interpret mode's race detector runs (protocol.SEED_CHECKS,
-        evaluator/handlers.py, run): "auto" (default), "full" or "cheap"."""
+        evaluator/execution/handlers.py, run): "auto" (default), "full" or "cheap"."""
         if executor not in ("local", "ray"):
             raise ValueError(f"unknown executor {executor!r}; choose local or ray")
         if seed_checks not in SEED_CHECKS:
@@ -67,7 +67,7 @@ class Evaluator:
         # Confirming that a kernel fails needs one failing case; data_gen sets this to save time.
         self.stop_at_first_failure = stop_at_first_failure
         # Interpret mode computes a kernel's f32 dots as a TPU does (one bf16 pass) unless
-        # turned off; on a real TPU the chip decides (evaluator/program.py, tpu_dot_numerics).
+        # turned off; on a real TPU the chip decides (evaluator/execution/program.py, tpu_dot_numerics).
         self.tpu_numerics = tpu_numerics
         self.limits = limits
         self.workers = workers
@@ -246,7 +246,7 @@ class Evaluator:
 
 
 class GradingActor:
-    """What each Ray actor runs (evaluator/remote.py): a local evaluator with warm sandboxed
+    """What each Ray actor runs (evaluator/execution/remote.py): a local evaluator with warm sandboxed
     workers, answering with verdicts as plain data."""
 
     def __init__(self, options: dict[str, object]):

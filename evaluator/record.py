@@ -11,6 +11,7 @@ from typing import Any
 
 from tasks.spec import Case
 
+
 class Status(StrEnum):
     """Every status a verdict can carry, in the order of the stage that produces it: the one
     list (a new status is a member here; `Failure` refuses any other string). Members compare
@@ -90,13 +91,13 @@ class CaseResult:
     run_s: float | None = None  # the worker's time on this case: compile_s + the seeds' runs
     # Where the time went (benchmarks/grading_profile.py): compiling the case's program(s) in
     # the worker, each seed's run and the interpret-mode checks it ran under
-    # (evaluator/handlers.py, run), and the host's inputs, expected outputs and comparison.
+    # (evaluator/execution/handlers.py, run), and the host's inputs, expected outputs and comparison.
     compile_s: float | None = None
     seed_run_s: list[float] = field(default_factory=list)
     seed_checks: list[str] = field(default_factory=list)
     reference_s: float | None = None  # its inputs and expected outputs (and the next case's, made ahead)
     compare_s: float | None = None
-    limit_s: float | None = None  # the time the worker was given for this case (evaluator/step_limits.py)
+    limit_s: float | None = None  # the time the worker was given for this case (evaluator/execution/step_limits.py)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # an unknown status is a bug, caught where it is made

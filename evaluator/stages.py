@@ -2,7 +2,7 @@
 
 Each stage is a small function from the grading context to either None ("go on") or a
 Failure. Stages 1-2 run here on the source text; stages 3-8 drive a sandboxed worker (see
-evaluator/worker.py) and judge what it reports. Adding a stage is adding one entry to STAGES,
+evaluator/execution/worker.py) and judge what it reports. Adding a stage is adding one entry to STAGES,
 with the context fields it reads and writes.
 """
 from __future__ import annotations
@@ -16,21 +16,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from evaluator import coverage
-from evaluator import features as feature_checks
-from evaluator import grid_checks
-from evaluator import intermediates, one_program, perf_model, policy, precision, step_limits
-from evaluator.backends import Backend
-from evaluator.compare import compare
-from evaluator.extract import ExtractionError, extract_code
-from evaluator.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
-from evaluator.jaxpr_analysis import TraceSummary
-from evaluator.protocol import CaseSpec, Compile, Failed, Load, Lower, Ran, Run, SeedResult, Time, Trace
-from evaluator.provenance import KernelOrigin
+from evaluator.analysis import coverage, features as feature_checks, grid_checks, intermediates, one_program, precision
+from evaluator.analysis.jaxpr_analysis import TraceSummary
+from evaluator.analysis.provenance import KernelOrigin
+from evaluator.candidate import policy
+from evaluator.candidate.extract import ExtractionError, extract_code
+from evaluator.execution import step_limits
+from evaluator.execution.backends import Backend
+from evaluator.execution.protocol import CaseSpec, Compile, Failed, Load, Lower, Ran, Run, SeedResult, Time, Trace
+from evaluator.execution.sandbox import Limits, Worker
+from evaluator.performance import perf_model
+from evaluator.performance.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
-from evaluator.reference import ReferenceCache, case_seeds
-from evaluator.sandbox import Limits, Worker
-from tasks.spec import Case, CandidateFormatError, Task
+from evaluator.truth.compare import compare
+from evaluator.truth.reference import ReferenceCache, case_seeds
+from tasks.spec import CandidateFormatError, Case, Task
 
 # Work outside kernels above this share of the reference's FLOPs is "a real part of the task".
 OUTSIDE_FLOPS_SHARE = 0.10
@@ -41,7 +41,7 @@ INSIDE_FLOPS_SHARE = 0.5
 # output written once, the reference's FLOPs, matmuls at the bf16 rate whatever the dtype:
 # PerfEstimate.floor_time_s) by more than this: faster is physically absent work.
 MIN_ESTIMATE_VS_IDEAL = 0.8
-# A kernel body whose work (what reaches its outputs, weighed by cost: evaluator/live_work.py)
+# A kernel body whose work (what reaches its outputs, weighed by cost: evaluator/analysis/live_work.py)
 # comes mostly from a library's code is the library's kernel.
 MAX_LIBRARY_SHARE = 0.5
 
@@ -77,14 +77,14 @@ class GradingContext:
     stop_at_first_failure: bool = False  # run stage: skip the remaining cases once one fails
     tpu_numerics: bool = True  # interpret mode: dots in kernels as the TPU's MXU computes them
     seed_checks: str = "auto"  # run stage: where the race detector runs (protocol.SEED_CHECKS)
-    limits: Limits = Limits()  # run stage: the base step limit and ceiling of evaluator/step_limits.py
+    limits: Limits = Limits()  # run stage: the base step limit and ceiling of evaluator/execution/step_limits.py
     source: str = ""
     shim: str = ""  # appended when loaded: kernel() for a candidate in a peer suite's format
     summaries: dict[str, TraceSummary] = field(default_factory=dict)
     origins: dict[str, list[KernelOrigin]] = field(default_factory=dict)
     # Primitives around kernels that the interpret-mode replay cannot rebuild yet (any case).
     replay_limits: list[str] = field(default_factory=list)
-    # Check cases the coverage stage derived from bench cases (evaluator/coverage.py): run
+    # Check cases the coverage stage derived from bench cases (evaluator/analysis/coverage.py): run
     # after the task's own check cases, so every axis tiled at bench sizes runs two blocks.
     coverage_cases: list[Case] = field(default_factory=list)
     # The kernels' least share of the task's FLOPs over the check cases (structure stage): the
@@ -224,7 +224,7 @@ def structure_stage(ctx: GradingContext) -> Failure | None:
 
 def _bench_program_failure(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     """At bench sizes (traced, lowered and timed, never compared on a CPU) the program must be
-    the one the check sizes ran (evaluator/one_program.py), its kernels must do some arithmetic,
+    the one the check sizes ran (evaluator/analysis/one_program.py), its kernels must do some arithmetic,
     and, where they do at least INSIDE_FLOPS_SHARE of the task's FLOPs at the check sizes, that
     much here too (_missing_work). A shortcut taken only where nobody compares is refused
     whatever its FLOPs; an exact rewrite that does less work at every size is not."""
@@ -254,7 +254,7 @@ def _work_share(ctx: GradingContext, case: Case) -> float | None:
 
 def _intermediate_failure(ctx: GradingContext, summary: TraceSummary, case: Case) -> Failure | None:
     """A tensor kept in HBM between kernels, or exp/log/reductions outside kernels, over more
-    than INTERMEDIATE_LIMIT x the case's inputs and outputs (evaluator/intermediates.py): the
+    than INTERMEDIATE_LIMIT x the case's inputs and outputs (evaluator/analysis/intermediates.py): the
     FLOP share misses attention's softmax left to XLA over the [B, H, S, S] logits."""
     arrays = [(tuple(a.shape), a.dtype) for a in (*ctx.task.arg_specs(case), *ctx.task.out_specs(case))]
     weighed = intermediates.weigh(summary.intermediates, summary.outside_math, arrays, case.describe())
@@ -314,7 +314,7 @@ def _missing_work(summary: TraceSummary, ref_flops: float, case: Case, check_sha
 
 def _counted_once(kernels: list[tuple[str, str]]) -> str:
     """A clause naming the kernels whose loop or grid length depends on something other
-    than the task's integer inputs (evaluator/trip_origin.py) and so counted once."""
+    than the task's integer inputs (evaluator/analysis/trip_origin.py) and so counted once."""
     named = [f"kernel {name} has a loop or grid whose length depends on {source}, counted once"
              for name, source in kernels if source]
     if not named:
@@ -325,7 +325,7 @@ def _counted_once(kernels: list[tuple[str, str]]) -> str:
 # --- 4a. index maps: evaluated over the whole grid at bench sizes ------------------------------------
 def index_maps_stage(ctx: GradingContext) -> Failure | None:
     """Bench sizes are traced but never run here, and a check case often fits in one block per
-    axis: the worker evaluated every index map over the whole grid (evaluator/grid_checks.py).
+    axis: the worker evaluated every index map over the whole grid (evaluator/analysis/grid_checks.py).
     A block outside its array, an output block never written, or a kernel() argument not read
     in full at a bench size is refused. Check sizes are run, where interpret mode sees these."""
     unchecked: dict[str, dict[str, list[str]]] = {}
@@ -344,7 +344,7 @@ def index_maps_stage(ctx: GradingContext) -> Failure | None:
 
 # --- 4b. coverage: every axis tiled at bench sizes runs two blocks at some check case ---------
 def coverage_stage(ctx: GradingContext) -> Failure | None:
-    """Derive check cases for the grid axes that only bench sizes tile (evaluator/coverage.py);
+    """Derive check cases for the grid axes that only bench sizes tile (evaluator/analysis/coverage.py);
     the run stage runs them like the task's own. Never fails by itself: a derived case that
     cannot be made (kernel() does not trace there, over the size budget) is listed in
     details["coverage"]["uncovered"]."""
@@ -406,7 +406,7 @@ def _trace_where_possible(ctx: GradingContext, cases: list[Case]) -> dict[str, T
 # --- 5. required TPU features ------------------------------------------------------------------
 def features_stage(ctx: GradingContext) -> Failure | None:
     """Every required feature used (not only declared) at every case by the kernels that carry
-    most of its work; the rules are in evaluator/features.py. What was found goes into
+    most of its work; the rules are in evaluator/analysis/features.py. What was found goes into
     details["features"]."""
     if not ctx.task.required_features:
         return None
@@ -505,7 +505,7 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
     ctx.verdict.details["perf_model"] = estimates
     for name, est in estimates.items():
         kernels = est["kernels"]
-        # Undecided: a loop or grid the task's integer inputs size (evaluator/trip_origin.py).
+        # Undecided: a loop or grid the task's integer inputs size (evaluator/analysis/trip_origin.py).
         lower_bound = (any(k["data_dependent_trips"] for k in kernels)
                        and not any(k["unbounded_trips_from"] for k in kernels))
         vs_floor = est["time_s"] / est["floor_time_s"] if est["floor_time_s"] else float("inf")
@@ -567,7 +567,7 @@ def run_stage(ctx: GradingContext) -> Failure | None:
 
 
 def _replay_limit_failure(ctx: GradingContext) -> Failure:
-    """The grader's own limit (evaluator/program.py, ReplayLimit): the kernel passed every
+    """The grader's own limit (evaluator/execution/program.py, ReplayLimit): the kernel passed every
     check so far, but this backend cannot run it, so nothing is said against the kernel."""
     where = " or ".join(repr(name) for name in ctx.replay_limits)
     return Failure("grader_limit", f"this grader cannot run the kernel on {ctx.backend.name} yet: its "
@@ -763,6 +763,8 @@ STAGES: tuple[Stage, ...] = (
     _stage("timing", timing_stage, reads="coverage_cases"),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
+# How far a grading got: a failure at a later stage means the kernel passed more of them.
+STAGE_ORDER: dict[str, int] = {name: i for i, name in enumerate(STAGE_NAMES)}
 # Stages that read only the source text; every later stage gets a worker process.
 SOURCE_STAGES = frozenset({"extract", "policy"})
 # The last stage that runs nothing: grading `through` it judges a kernel without executing it.

@@ -1,6 +1,6 @@
 """Block-size tuning without a TPU: search a kernel's knobs with the static performance model.
 
-`python -m evaluator tune --task T --candidate F` finds the knobs (evaluator/knobs.py),
+`python -m evaluator tune --task T --candidate F` finds the knobs (evaluator/candidate/knobs.py),
 grades each setting through every static stage (policy, tracing, structure, Mosaic lowering,
 the VMEM budget of the --tpu generation, the estimate at the task's bench sizes: nothing
 runs), ranks the settings by the estimate's worst slowdown vs the ideal kernel over the bench
@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from evaluator.candidate.knobs import Knob, choices, find_knobs, rewrite
 from evaluator.grader import Evaluator
-from evaluator.knobs import Knob, choices, find_knobs, rewrite
-from evaluator.perf_model import worst_bench_case
+from evaluator.performance.perf_model import worst_bench_case
 from evaluator.record import Status, Verdict
 from evaluator.stages import LAST_STATIC_STAGE
 from tasks.spec import Task

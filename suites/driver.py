@@ -2,7 +2,7 @@
 
 The host never executes a JAXBench or KernelBench-JAX file: it sends the file's text (rewritten
 to the case's sizes, harness dropped) and names one of these functions; the worker executes the
-text as a module and calls the function on it (evaluator/handlers.py `call_external`). Each
+text as a module and calls the function on it (evaluator/execution/handlers.py `call_external`). Each
 returns (JSON-able value, arrays).
 
 Two kinds of file:
@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-# What lets a worker call these functions (evaluator/handlers.py call_external): nothing else may be named.
+# What lets a worker call these functions (evaluator/execution/handlers.py call_external): nothing else may be named.
 REFERENCE_DRIVER = True
 FLOAT_KINDS = "fc"
 
@@ -101,7 +101,7 @@ def describe(module: types.ModuleType, kind: str, dtype: str) -> tuple[dict[str,
     all abstract (jax.eval_shape): nothing of bench size is allocated."""
     import jax
 
-    from evaluator.jaxpr_cost import total_cost
+    from evaluator.analysis.jaxpr_cost import total_cost
 
     made: dict[str, Any] = {}
 
@@ -182,7 +182,7 @@ def reference(module: types.ModuleType, kind: str, n_inputs: int, tpu_dots: bool
 
 def timed_reference(module: types.ModuleType, kind: str, n_inputs: int) -> Any:
     """The reference as a function of the arrays, as the timing stage times it beside a kernel
-    (evaluator/handlers.py time_case): their own code at the case's dtypes, nothing upcast."""
+    (evaluator/execution/handlers.py time_case): their own code at the case's dtypes, nothing upcast."""
     return lambda *args: _call_reference(module, kind, n_inputs, list(args))
 
 
@@ -190,7 +190,7 @@ def _outputs(module: types.ModuleType, kind: str, n_inputs: int, args: list[np.n
              tpu_dots: bool = False) -> list[np.ndarray]:
     import jax
 
-    from evaluator.program import with_tpu_dots
+    from evaluator.execution.program import with_tpu_dots
 
     def call(*a: Any) -> Any:
         return _call_reference(module, kind, n_inputs, list(a))

@@ -12,14 +12,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from evaluator.policy import parse_module
+from evaluator.candidate.policy import parse_module
 from suites import sizes
 from suites.oracle import Described, ReferenceFailed, ReferenceRunner, SuiteReference, describe
-from suites.source import (SizeEdit, config_sizes, default_dtype, function_reads,
-                           literal_sizes, module_constants, rewrite_sizes, strip_harness,
-                           top_level_names)
-from tasks.spec import (AdaptedCandidate, ArgSpec, Case, CandidateFormatError, Task, Tolerance,
-                        DEFAULT_TOLERANCES, case_grid)
+from suites.source import (SizeEdit, config_sizes, default_dtype, function_reads, literal_sizes, module_constants,
+                           rewrite_sizes, strip_harness, top_level_names)
+from tasks.spec import (DEFAULT_TOLERANCES, AdaptedCandidate, ArgSpec, CandidateFormatError, Case, Task, Tolerance,
+                        case_grid)
 
 WORKLOADS = "benchmark"
 PROBLEMS = "jaxkernelbench"

@@ -1,7 +1,7 @@
 """The host's handle on third-party reference code: one sandboxed worker that runs it.
 
 A peer suite's reference and input maker are code nobody here wrote, so they run where
-candidates run (a worker of evaluator/sandbox.py: its own process group, no network, a
+candidates run (a worker of evaluator/execution/sandbox.py: its own process group, no network, a
 read-only project, an address-space cap), never in the process that holds the verdicts. The host
 sends each file's text and names a function of suites/driver.py to call on it.
 """
@@ -14,11 +14,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from evaluator.backends import Backend
+from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.digest import code_digest
-from evaluator.jaxpr_cost import Cost
-from evaluator.protocol import Call, Failed
-from evaluator.sandbox import Limits, Worker
+from evaluator.execution.backends import Backend
+from evaluator.execution.protocol import Call, Failed
+from evaluator.execution.sandbox import Limits, Worker
 from tasks.spec import Case
 
 REFERENCE_BACKEND = Backend("suite-reference", "cpu", interpret=False, device_compile=False,
@@ -41,7 +41,7 @@ class ReferenceRunner:
 
     def call(self, source: str, function: str, args: Sequence[Any],
              arrays: Sequence[np.ndarray] = ()) -> tuple[Any, list[np.ndarray]]:
-        from evaluator.sandbox import WorkerError
+        from evaluator.execution.sandbox import WorkerError
 
         with self._lock:
             try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from evaluator.policy import parse_module
+from evaluator.candidate.policy import parse_module
 
 # Only integers at least this large are sizes; smaller ones (kernel sizes, strides, top_k,
 # group counts of 8) keep their values.

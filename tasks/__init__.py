@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import pkgutil
 import threading
 from pathlib import Path
 
@@ -42,11 +41,11 @@ def _discover() -> None:
 
 
 def _import_task_folders() -> None:
+    """A folder becomes a task once it has its task.py (no __init__.py needed: the folder is a
+    namespace package inside `tasks`)."""
     root = Path(__file__).parent
-    for info in sorted(pkgutil.iter_modules([str(root)]), key=lambda m: m.name):
-        if not info.ispkg or not (root / info.name / "task.py").is_file():
-            continue  # a folder becomes a task once it has its task.py
-        module = importlib.import_module(f"tasks.{info.name}.task")
+    for folder in sorted(p for p in root.iterdir() if (p / "task.py").is_file()):
+        module = importlib.import_module(f"tasks.{folder.name}.task")
         register(module.TASK)
 
 

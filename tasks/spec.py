@@ -18,7 +18,7 @@ Size = Literal["check", "bench"]
 SPLITS: tuple[str, ...] = ("train", "heldout")
 SIZES: tuple[str, ...] = ("check", "bench")
 
-# Features the evaluator can verify in a kernel's jaxpr (see evaluator/features.py).
+# Features the evaluator can verify in a kernel's jaxpr (see evaluator/analysis/features.py).
 KNOWN_FEATURES: tuple[str, ...] = (
     "manual_dma",      # async copies started and waited inside the kernel
     "vmem_scratch",    # a scratch buffer in VMEM (e.g. an f32 accumulator)
@@ -144,7 +144,7 @@ class ExternalReference(Protocol):
         """The reference's outputs on given inputs (`tpu_dots`: its dots rounded as a TPU's)."""
 
     def cost(self, case: Case) -> Any:
-        """What the reference computes at a case (evaluator.jaxpr_cost.Cost)."""
+        """What the reference computes at a case (evaluator.analysis.jaxpr_cost.Cost)."""
 
     def code_digest(self) -> str:
         """Hash of the code that builds and runs this reference (evaluator/digest.py code_digest):
@@ -152,7 +152,7 @@ class ExternalReference(Protocol):
 
     def timing_reference(self, case: Case) -> tuple[str, str, list[Any]]:
         """(source, driver function, arguments) from which a worker builds the reference it times
-        at a case (evaluator.protocol.Time)."""
+        at a case (evaluator.execution.protocol.Time)."""
 
     def rebuild(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         """(function, arguments) that build this task again in another process (a Ray actor):
@@ -194,15 +194,15 @@ class Task:
     heldout_task: bool = False  # whole task never used for training data
     # Per kernel() argument, inclusive (lo, hi) bounds of the values make_inputs draws for an
     # integer input (None for the others): what a data-dependent loop can run to, so the
-    # evaluator counts such loops at their maximum trip count (evaluator/intervals.py).
+    # evaluator counts such loops at their maximum trip count (evaluator/analysis/intervals.py).
     int_bounds: Callable[[Case], Sequence[tuple[int, int] | None]] | None = None
     # The least share of the reference's FLOPs a correct kernel must do: below 1 where the
     # reference computes what a kernel may skip (the masked half of causal attention). The
-    # grader's "faster than any kernel doing the work" rule reads it (evaluator/perf_model.py).
+    # grader's "faster than any kernel doing the work" rule reads it (evaluator/performance/perf_model.py).
     necessary_flops_share: float = 1.0
     # Index of kernel()'s first parameter argument (a model's weights, after its inputs), None
     # when the task declares none: work on parameters alone is weight folding, which the
-    # outside-work rules leave out (evaluator/parameter_work.py).
+    # outside-work rules leave out (evaluator/analysis/parameter_work.py).
     first_parameter: Callable[[Case], int] | None = None
     # Imported tasks (suites/): the reference runs elsewhere, candidates are written in the
     # suite's own format (`entry_point`), prompts show the suite's file, and the TPU generation
@@ -254,7 +254,7 @@ class Task:
     def arg_bounds(self, case: Case) -> list[tuple[int, int] | None]:
         """Bounds of each kernel() argument's values at a case, aligned with arg_specs: the
         task's int_bounds, None for float arguments and for tasks that give none. What
-        `evaluator.jaxpr_analysis.summarize(..., arg_bounds=...)` takes."""
+        `evaluator.analysis.jaxpr_analysis.summarize(..., arg_bounds=...)` takes."""
         n = len(self.arg_specs(case))
         if self.int_bounds is None:
             return [None] * n

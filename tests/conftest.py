@@ -71,8 +71,8 @@ def full_evaluator():
 @pytest.fixture(scope="session")
 def quick_timeout_evaluator():
     """Short step limit, for the candidates that hang."""
+    from evaluator.execution.sandbox import Limits
     from evaluator.grader import Evaluator
-    from evaluator.sandbox import Limits
 
     with Evaluator(backend="tpu-interpret", workers=1, limits=Limits(step_timeout_s=8)) as ev:
         yield ev

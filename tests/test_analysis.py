@@ -4,11 +4,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from evaluator.features import check_feature
-from evaluator.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
-from evaluator.jaxpr_analysis import summarize
-from evaluator.jaxpr_cost import total_flops
-from evaluator.knobs import find_knobs, rewrite
+from evaluator.analysis.features import check_feature
+from evaluator.analysis.jaxpr_analysis import summarize
+from evaluator.analysis.jaxpr_cost import total_flops
+from evaluator.candidate.knobs import find_knobs, rewrite
+from evaluator.performance.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
 from tasks import get_task
 from tests.conftest import HONEST, read_candidate
 

@@ -110,11 +110,57 @@ def test_packages_import_only_the_layers_below_them():
     assert not offences, "layers, bottom to top: " + " < ".join(LAYERS) + "\n" + "\n".join(offences)
 
 
+# The packages whose top level is a front door over subpackages of one concern each.
+LAYERED = ("evaluator", "data_gen")
+MAX_TOP_LEVEL_MODULES = 10
+
+
+def _subpackages(package: str) -> list[str]:
+    return sorted(m for m, path in MODULES.items()
+                  if path.name == "__init__.py" and m.count(".") == 1 and m.startswith(package + "."))
+
+
+def _may_import(subpackage: str) -> set[str]:
+    """The subpackages of its own package that `subpackage` says it may import: the "May import:"
+    line of its __init__ docstring, "nothing ..." for none."""
+    doc = ast.get_docstring(ast.parse(MODULES[subpackage].read_text())) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert len(lines) == 1, f"{subpackage}/__init__.py: its docstring must say once what it may import (May import: ...)"
+    named = lines[0].removeprefix("May import:").strip().rstrip(".")
+    return set() if named.startswith("nothing") else {name.strip() for name in named.split(",")}
+
+
+def test_front_doors_are_small_and_subpackages_never_import_up():
+    """evaluator/ and data_gen/: at most MAX_TOP_LEVEL_MODULES modules at the top (their front
+    door: the grader and its stages; the data commands), each subpackage importing only the
+    sibling subpackages its docstring names, and never its front door."""
+    offences = []
+    for package in LAYERED:
+        top = sorted((ROOT / package).glob("*.py"))
+        assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{package}/ holds {len(top)} modules at its top: {[p.name for p in top]}"
+        subpackages = _subpackages(package)
+        assert subpackages, f"{package} has no subpackages"
+        for sub in subpackages:
+            allowed = _may_import(sub)
+            assert allowed <= set(subpackages), f"{sub} names what is not a subpackage of {package}: {allowed}"
+            for module in (m for m in MODULES if m == sub or m.startswith(sub + ".")):
+                for target, _, line in _imports(module):
+                    if target.split(".")[0] != package or target == sub or target.startswith(sub + "."):
+                        continue
+                    owner = next((s for s in subpackages if target == s or target.startswith(s + ".")), None)
+                    if owner is None:
+                        offences.append(f"{module}:{line} imports {target}: up, into {package}'s front door")
+                    elif owner not in allowed:
+                        offences.append(f"{module}:{line} imports {target}, but {sub} may import only "
+                                        f"{sorted(allowed) or 'none of its siblings'}")
+    assert not offences, "\n".join(offences)
+
+
 def test_every_parse_goes_through_the_one_thread_safe_parser():
     """Python 3.11's ast.parse keeps its recursion depth in shared state: two threads parsing at
     once can fail with "SystemError: AST constructor recursion depth mismatch" (python/cpython
     #106905; it ended a 3-seed run of benchmarks/seed_stability.py at 99%). The grader, data_gen
-    and the suites parse on threads, so every parse goes through evaluator.policy.parse_module,
+    and the suites parse on threads, so every parse goes through evaluator.candidate.policy.parse_module,
     which holds a lock."""
     callers = []
     for package in (*PACKAGES, "benchmarks"):
@@ -124,4 +170,4 @@ def test_every_parse_goes_through_the_one_thread_safe_parser():
                         and node.func.attr == "parse" and isinstance(node.func.value, ast.Name)
                         and node.func.value.id == "ast"):
                     callers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert [c.split(":")[0] for c in callers] == ["evaluator/policy.py"], callers
+    assert [c.split(":")[0] for c in callers] == ["evaluator/candidate/policy.py"], callers

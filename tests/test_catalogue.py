@@ -4,20 +4,11 @@ from collections import Counter
 
 import pytest
 
-from data_gen.catalogue import (
-    GPT53_FAILURES,
-    KINDS,
-    OPERATORS,
-    classify,
-    kind,
-    kind_of_operator,
-    real_mix,
-    total_variation,
-)
-from data_gen.dataset import calibrate
-from data_gen.mix import MAX_KIND_SHARE, SEMANTIC_SHARE, TV_LIMIT, mix_table, target_mix
-from data_gen.mutations import mutants
-from data_gen.operators import INJECTORS
+from data_gen.catalogue.kinds import GPT53_FAILURES, KINDS, classify, kind, kind_of_operator, real_mix, total_variation
+from data_gen.catalogue.mix import MAX_KIND_SHARE, SEMANTIC_SHARE, TV_LIMIT, mix_table, target_mix
+from data_gen.failures.mutations import mutants
+from data_gen.failures.operators import INJECTORS, OPERATORS
+from data_gen.rows.dataset import calibrate
 from tasks import get_task
 
 
@@ -84,7 +75,7 @@ def test_calibrate_trims_to_the_real_mix_within_the_limit():
     kept = calibrate(_rows(plenty), kind_of=lambda r: r["kind"], spread=lambda r: r["task"])
     counts = Counter(r["kind"] for r in kept)
     assert len(kept) > 1000 and max(counts.values()) <= MAX_KIND_SHARE * len(kept)
-    from data_gen.catalogue import mix_of
+    from data_gen.catalogue.kinds import mix_of
 
     assert total_variation(mix_of(counts), real_mix()) <= TV_LIMIT
     assert "**" in mix_table(counts) and "Total variation" in mix_table(counts)
@@ -103,7 +94,8 @@ NEW_INJECTORS = ["literal_block_size", "oversized_block", "traced_slice", "trace
 
 
 def test_new_injectors_fail_as_their_kind(evaluator):
-    from data_gen.sources import SeededGrading, first_failure
+    from data_gen.sources.grading import SeededGrading
+    from data_gen.sources.mutation import first_failure
 
     grader, found = SeededGrading(evaluator, run_seed=0), {}
     for task in (get_task("softmax"), get_task("attention_fwd")):
@@ -119,7 +111,7 @@ def test_a_checkout_is_counted_by_kind(tmp_path, capsys):
     """A JAXBench-shaped results file (texts written here) counted the way the committed facts were."""
     import json
 
-    from data_gen.catalogue import main
+    from data_gen.catalogue.checkout import main
 
     results = tmp_path / "pallas_eval" / "results"
     results.mkdir(parents=True)

@@ -13,11 +13,12 @@ import pytest
 import datasets
 from chat.prompts import machine_free
 from data_gen.collect import main
-from data_gen.dataset import check_clean
-from data_gen.fingerprint import fingerprint
+from data_gen.failures.fingerprint import fingerprint
 from data_gen.pool import DEFAULT_POOL, POOL_FILE, load_pool, pool_variants
-from data_gen.sources import MutationSource, repair_key
-from data_gen.text_rules import row_violations
+from data_gen.rows.dataset import check_clean
+from data_gen.rows.text_rules import row_violations
+from data_gen.sources.grading import repair_key
+from data_gen.sources.mutation import MutationSource
 from tasks import get_task
 from tests.conftest import ROOT
 

@@ -14,7 +14,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from chat.context import CHIP_FACTS, CONTEXTS, GUIDE_PATH, guide_text, render_context, ridge_point
-from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS, MiB
+from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS, MiB
 
 GUIDE = GUIDE_PATH.read_text(encoding="utf-8")
 CODE_BLOCKS = re.findall(r"```python\n(.*?)```", GUIDE, flags=re.S)

@@ -1,9 +1,9 @@
 """Coverage cases: every grid axis a kernel tiles at bench sizes runs two blocks at some check case."""
 import dataclasses
 
-from evaluator import coverage
-from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
-from evaluator.jaxpr_cost import Cost
+from evaluator.analysis import coverage
+from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary
+from evaluator.analysis.jaxpr_cost import Cost
 from tasks import get_task
 from tests.conftest import TESTS
 

@@ -2,8 +2,7 @@
 from collections import Counter
 
 import datasets
-
-from data_gen.dataset import balance, dedupe, round_robin, validation_tasks, write_dataset
+from data_gen.rows.dataset import balance, dedupe, round_robin, validation_tasks, write_dataset
 
 
 def row(task: str, error_class: str, origin: str, code: str) -> dict:

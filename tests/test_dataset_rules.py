@@ -8,13 +8,12 @@ import pandas as pd
 import pytest
 
 from chat.prompts import feedback, machine_free
-from data_gen.fingerprint import normalized
-from data_gen.mix import semantic_share
-from data_gen.mutations import compounds, mutants
-from data_gen.catalogue import OPERATORS
-from data_gen.operators import round_block
-from data_gen.pairs import verdict_json
-from data_gen.text_rules import opening, opening_share, prose, row_violations, unknown_names, violations
+from data_gen.catalogue.mix import semantic_share
+from data_gen.failures.fingerprint import normalized
+from data_gen.failures.mutations import compounds, mutants
+from data_gen.failures.operators import OPERATORS, round_block
+from data_gen.rows.pairs import verdict_json
+from data_gen.rows.text_rules import opening, opening_share, prose, row_violations, unknown_names, violations
 from evaluator.record import Verdict
 from tasks import get_task
 from tests.conftest import ROOT
@@ -167,20 +166,20 @@ def test_committed_explanations_do_not_share_an_opening(committed):
 
 
 def test_committed_mix_is_near_the_real_one(committed):
-    from data_gen.catalogue import mix_of, real_mix, total_variation
-    from data_gen.mix import MAX_KIND_SHARE, TV_LIMIT
+    from data_gen.catalogue.kinds import mix_of, real_mix, total_variation
+    from data_gen.catalogue.mix import MAX_KIND_SHARE, TV_LIMIT
 
     kinds = Counter(r["failure_kind"] for r in committed)
     assert total_variation(mix_of(kinds), real_mix()) <= TV_LIMIT
     assert max(kinds.values()) <= MAX_KIND_SHARE * len(committed)
-    assert 0.15 <= semantic_share(kinds) <= 0.3  # the runtime kinds keep the share data_gen/mix.py defends
+    assert 0.15 <= semantic_share(kinds) <= 0.3  # the runtime kinds keep the share data_gen/catalogue/mix.py defends
     assert len(committed) >= 300 and len({r["error_class"] for r in committed}) >= 10
     assert Counter(r["origin"] for r in committed)["compound"] > 0
 
 
 def test_committed_rows_have_no_giveaway(committed):
-    from data_gen.giveaways import dataset_giveaways, row_giveaways
-    from data_gen.mix import MAX_KIND_SHARE
+    from data_gen.catalogue.mix import MAX_KIND_SHARE
+    from data_gen.failures.giveaways import dataset_giveaways, row_giveaways
 
     assert [(r["id"], row_giveaways(r["failing_code"], r["repair_code"])) for r in committed
             if row_giveaways(r["failing_code"], r["repair_code"])] == []
@@ -189,8 +188,8 @@ def test_committed_rows_have_no_giveaway(committed):
 
 
 def test_committed_repairs_have_many_structures_and_validation_holds_unseen_kinds():
-    from data_gen.dataset import VALIDATION_KINDS
-    from data_gen.giveaways import structure
+    from data_gen.failures.giveaways import structure
+    from data_gen.rows.dataset import VALIDATION_KINDS
 
     splits = {split: [r for f in glob.glob(str(ROOT / "datasets" / "fixit-mutation" / "data" / f"{split}-*.parquet"))
                       for r in pd.read_parquet(f).to_dict("records")] for split in ("train", "validation")}

@@ -3,7 +3,7 @@ import pytest
 
 from chat.context import CONTEXTS
 from chat.prompts import system_prompt, task_prompt
-from data_gen.dataset import ContaminationError, check_clean, heldout_markers
+from data_gen.rows.dataset import ContaminationError, check_clean, heldout_markers
 from tasks import all_tasks, get_task
 
 TRAIN = [t for t in all_tasks() if not t.heldout_task]

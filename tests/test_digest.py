@@ -27,9 +27,9 @@ def test_docstrings_comments_and_layout_do_not_count_but_code_and_messages_do():
 
 def test_the_grading_closure_leaves_out_the_shell_and_what_does_not_grade():
     closure = import_closure(GRADING_ROOTS)
-    assert {"evaluator.stages", "evaluator.handlers", "evaluator.compare", "evaluator.policy"} <= set(closure)
+    assert {"evaluator.stages", "evaluator.execution.handlers", "evaluator.truth.compare", "evaluator.candidate.policy"} <= set(closure)
     assert not {m for m in closure if not m.startswith("evaluator")}  # no cli, suites, data_gen
-    assert "evaluator.tune" not in closure and "evaluator.knobs" not in closure
+    assert "evaluator.tune" not in closure and "evaluator.candidate.knobs" not in closure
     assert "evaluator.__main__" not in closure
 
 

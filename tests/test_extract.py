@@ -1,6 +1,6 @@
 import pytest
 
-from evaluator.extract import ExtractionError, extract_code
+from evaluator.candidate.extract import ExtractionError, extract_code
 
 SOURCE = "import jax\n\ndef kernel(x):\n    return x\n"
 

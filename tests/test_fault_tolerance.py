@@ -4,8 +4,8 @@ import time
 
 import pytest
 
+from evaluator.execution.sandbox import Limits
 from evaluator.grader import Evaluator, Job
-from evaluator.sandbox import Limits
 from tasks import get_task
 from tests.conftest import read_candidate
 
@@ -63,7 +63,7 @@ def test_batch_of_100_with_20_percent_faulty_candidates_completes():
 def test_a_runtime_error_in_any_case_replaces_the_worker():
     """A crash in a later case (after an earlier case gave wrong_output) once left its exception to
     surface in the next candidate graded on that worker; any faulted case must recycle it."""
-    from data_gen.mutations import mutants
+    from data_gen.failures.mutations import mutants
 
     task = get_task("attention_fwd_causal")
     swapped = next(m for m in mutants(task) if m.operator == "index_map_swap")

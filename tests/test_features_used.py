@@ -1,11 +1,11 @@
-"""Required features must be used, not only declared (evaluator/features.py): a token use of
+"""Required features must be used, not only declared (evaluator/analysis/features.py): a token use of
 each of the four is refused with missing_feature, and the verdict carries the evidence."""
 import dataclasses
 
 import pytest
 
-from tests.conftest import HONEST, TESTS
 from tasks import get_task
+from tests.conftest import HONEST, TESTS
 
 TOKENS = TESTS / "token_features"
 

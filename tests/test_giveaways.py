@@ -3,8 +3,8 @@ import ast
 
 import pytest
 
-from data_gen.giveaways import dataset_giveaways, masked_edit, row_giveaways, structure
-from data_gen.mutations import mutants
+from data_gen.failures.giveaways import dataset_giveaways, masked_edit, row_giveaways, structure
+from data_gen.failures.mutations import mutants
 from tasks import all_tasks, get_task
 
 REPAIR = '''"""Row sums."""

@@ -12,13 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from evaluator import step_limits
+from evaluator.analysis.jaxpr_analysis import summarize
+from evaluator.execution import step_limits
+from evaluator.execution.handlers import _cheap_after
+from evaluator.execution.protocol import SeedResult
+from evaluator.execution.sandbox import Limits
 from evaluator.grader import Evaluator
-from evaluator.handlers import _cheap_after
-from evaluator.jaxpr_analysis import summarize
-from evaluator.protocol import SeedResult
-from evaluator.reference import ReferenceCache
-from evaluator.sandbox import Limits
+from evaluator.truth.reference import ReferenceCache
 from tasks import get_task
 from tests.conftest import TESTS, read_candidate
 

@@ -1,4 +1,4 @@
-"""Index maps evaluated over the whole grid (evaluator/grid_checks.py): blocks out of range,
+"""Index maps evaluated over the whole grid (evaluator/analysis/grid_checks.py): blocks out of range,
 output blocks never written, kernel() arguments not read in full; and what stays unchecked.
 
 Each test traces a small pallas_call (nothing runs) and reads the findings the worker would
@@ -10,9 +10,9 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from evaluator.grid_checks import refusal
-from evaluator.jaxpr_analysis import summarize
-from evaluator.protocol import TracedCase, Traced, from_header, to_header
+from evaluator.analysis.grid_checks import refusal
+from evaluator.analysis.jaxpr_analysis import summarize
+from evaluator.execution.protocol import Traced, TracedCase, from_header, to_header
 
 
 def _copy(x_ref, o_ref):

@@ -1,4 +1,4 @@
-"""Intermediates between kernels and heavy math left to XLA (evaluator/intermediates.py).
+"""Intermediates between kernels and heavy math left to XLA (evaluator/analysis/intermediates.py).
 
 Traced only (jax.make_jaxpr, no grading): the analysis and the 2x rule at bench sizes.
 """
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from evaluator.intermediates import INTERMEDIATE_LIMIT, weigh
-from evaluator.jaxpr_analysis import summarize
+from evaluator.analysis.intermediates import INTERMEDIATE_LIMIT, weigh
+from evaluator.analysis.jaxpr_analysis import summarize
 from tasks import get_task
 from tests.conftest import HONEST, TESTS
 

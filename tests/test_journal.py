@@ -1,7 +1,7 @@
 """The journal: a half-written line from a killed run is dropped, and what follows still reads."""
 import pytest
 
-from data_gen.journal import Journal, JournalMismatch
+from data_gen.rows.journal import Journal, JournalMismatch
 
 
 def test_partial_last_line_is_redone_and_the_next_entry_reads(tmp_path):

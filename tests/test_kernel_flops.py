@@ -13,12 +13,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from evaluator import intervals
-from evaluator.hardware import GENERATIONS
-from evaluator.jaxpr_analysis import summarize
-from evaluator.jaxpr_cost import Cost, total_flops
-from evaluator.perf_model import estimate
-from evaluator.reference import ReferenceCache
+from evaluator.analysis import intervals
+from evaluator.analysis.jaxpr_analysis import summarize
+from evaluator.analysis.jaxpr_cost import Cost, total_flops
+from evaluator.performance.hardware import GENERATIONS
+from evaluator.performance.perf_model import estimate
+from evaluator.truth.reference import ReferenceCache
 from tasks import all_tasks, get_task
 from tasks.spec import ArgSpec, np_dtype
 

@@ -3,7 +3,7 @@ import ast
 
 import pytest
 
-from evaluator.knobs import choices, find_knobs, rewrite
+from evaluator.candidate.knobs import choices, find_knobs, rewrite
 from tasks import get_task
 
 LITERAL_BLOCKS = '''
@@ -65,6 +65,6 @@ def test_rewrite_of_constants_keeps_the_rest_of_the_file():
     (16, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]),
 ])
 def test_choices_keep_the_alignment_and_stop_at_the_largest_dim(value, expected):
-    from evaluator.knobs import Knob
+    from evaluator.candidate.knobs import Knob
 
     assert choices(Knob("BLOCK", value, "constant", (1,)), 4096) == expected

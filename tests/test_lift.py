@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from evaluator.extract import extract_code
+from evaluator.candidate.extract import extract_code
 from tests.conftest import ROOT, require_module
 
 for _module in ("torch", "transformers", "trl"):
@@ -32,7 +32,6 @@ def rows_repaired_by_the_solution(task: str) -> list[str]:
     import difflib
 
     import datasets
-
     from tasks import get_task
 
     solution = get_task(task).solution_source()

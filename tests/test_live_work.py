@@ -1,16 +1,16 @@
-"""Work that reaches a kernel's outputs (evaluator/live_work.py), as provenance weighs it, and
+"""Work that reaches a kernel's outputs (evaluator/analysis/live_work.py), as provenance weighs it, and
 required features judged where the work is (evaluator/features.check_feature)."""
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from evaluator.errors import CANDIDATE_FILENAME
-from evaluator.features import check_feature, dominant_kernels
-from evaluator.jaxpr_analysis import summarize
-from evaluator.live_work import live_work
-from evaluator.program import TracedProgram
-from evaluator.provenance import kernel_origins
+from evaluator.analysis.features import check_feature, dominant_kernels
+from evaluator.analysis.jaxpr_analysis import summarize
+from evaluator.analysis.live_work import live_work
+from evaluator.analysis.provenance import kernel_origins
+from evaluator.candidate.errors import CANDIDATE_FILENAME
+from evaluator.execution.program import TracedProgram
 from tasks import get_task
 from tests.conftest import TESTS
 

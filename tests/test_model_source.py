@@ -7,8 +7,8 @@ import pytest
 
 import datasets
 from data_gen.collect import main
-from data_gen.dataset import heldout_markers
-from data_gen.mutations import mutants
+from data_gen.failures.mutations import mutants
+from data_gen.rows.dataset import heldout_markers
 from tasks import all_tasks, get_task
 from tests.conftest import read_candidate
 from tests.fake_openai_server import FakeOpenAIServer

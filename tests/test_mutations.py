@@ -5,10 +5,10 @@ from collections import Counter
 
 import pytest
 
-from data_gen.explanations import explain
-from data_gen.fingerprint import normalized
-from data_gen.mutations import mutants
-from data_gen.catalogue import OPERATORS, operator
+from data_gen.failures.fingerprint import normalized
+from data_gen.failures.mutations import mutants
+from data_gen.failures.operators import OPERATORS, operator
+from data_gen.rows.explanations import explain
 from evaluator.record import Verdict
 from tasks import all_tasks, get_task
 
@@ -143,9 +143,9 @@ def test_init_and_finalize_fixes_quote_the_code_the_repair_has(task, op, quoted)
 
 
 def test_budget_follows_the_target_mix_of_kinds():
-    from data_gen.catalogue import kind_of_operator
-    from data_gen.mix import target_mix
-    from data_gen.sources import MutationSource
+    from data_gen.catalogue.kinds import kind_of_operator
+    from data_gen.catalogue.mix import target_mix
+    from data_gen.sources.mutation import MutationSource
 
     names = ["matmul", "softmax", "attention_fwd_causal", "layer_norm", "gemm_softmax", "rotary_embedding"]
     chosen = MutationSource([get_task(n) for n in names], 12, seed=0).items()
@@ -160,7 +160,7 @@ def test_budget_follows_the_target_mix_of_kinds():
 
 def test_mutants_spread_over_the_pool_kernels_and_operators():
     from data_gen.pool import load_pool, pool_variants
-    from data_gen.sources import MutationSource
+    from data_gen.sources.mutation import MutationSource
 
     variants = pool_variants([e for e in load_pool() if e.task == "matmul"])
     kernels = dict(variants["matmul"])
@@ -187,7 +187,7 @@ def test_work_items_do_not_depend_on_the_hash_seed():
     import subprocess
     import sys
 
-    script = ("from data_gen.sources import MutationSource; from data_gen.pool import load_pool, pool_variants; "
+    script = ("from data_gen.sources.mutation import MutationSource; from data_gen.pool import load_pool, pool_variants; "
               "from tasks import get_task; names = ['log_softmax', 'softmax']; "
               "v = pool_variants([e for e in load_pool() if e.task in names]); "
               "print([m.id for m in MutationSource([get_task(n) for n in names], 12, 0, variants=v).items()])")

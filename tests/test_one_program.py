@@ -1,7 +1,7 @@
 """One program at every size: bench-size shortcuts are refused, rewrites that need less work are not."""
-from evaluator import one_program
-from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
-from evaluator.jaxpr_cost import Cost
+from evaluator.analysis import one_program
+from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary
+from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.stages import _missing_work
 from tasks import get_task
 

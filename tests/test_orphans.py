@@ -1,5 +1,5 @@
 """No worker outlives its host: a host killed (SIGKILL) or interrupted (SIGINT, Ctrl-C) in the
-middle of a grading leaves no worker running the kernel (evaluator/worker.py, watch_host)."""
+middle of a grading leaves no worker running the kernel (evaluator/execution/worker.py, watch_host)."""
 import os
 import signal
 import subprocess
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from evaluator.worker import HOST_CHECK_S
+from evaluator.execution.worker import HOST_CHECK_S
 from tests.conftest import ROOT, read_candidate
 
 # A host that starts its worker, says its pid, and grades a kernel that never ends. No

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from evaluator.jaxpr_analysis import summarize
+from evaluator.analysis.jaxpr_analysis import summarize
 
 
 def _copy(x_ref, o_ref):

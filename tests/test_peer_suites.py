@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator.compare import compare
+from evaluator.truth.compare import compare
 from suites import LoadError, open_suite
 from suites.report import check_suite, summary
 from suites.sizes import count_names, divide_counts, heldout_variants, power_of_two_floor, scaled
@@ -207,7 +207,7 @@ def test_their_code_runs_in_a_sandboxed_worker_not_here(tmp_path):
         _, outputs = task.external.sample(task.select("train", "check")[0], 0)
         pid = int(outputs[0][0])
         assert pid != os.getpid()
-        assert os.getpgid(pid) == pid  # the worker leads its own process group (evaluator/sandbox.py)
+        assert os.getpgid(pid) == pid  # the worker leads its own process group (evaluator/execution/sandbox.py)
     assert not any(getattr(m, "__file__", "") and str(tmp_path) in str(m.__file__) for m in list(sys.modules.values()))
 
 

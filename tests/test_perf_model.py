@@ -3,12 +3,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from evaluator.hardware import F32_MATMUL_SHARE, GENERATIONS, GRID_STEP_S
-from evaluator.jaxpr_analysis import summarize
-from evaluator.jaxpr_cost import Cost
-from evaluator.knobs import find_knobs, rewrite
-from evaluator.perf_model import estimate, kernel_estimate
-from evaluator.reference import ReferenceCache
+from evaluator.analysis.jaxpr_analysis import summarize
+from evaluator.analysis.jaxpr_cost import Cost
+from evaluator.candidate.knobs import find_knobs, rewrite
+from evaluator.performance.hardware import F32_MATMUL_SHARE, GENERATIONS, GRID_STEP_S
+from evaluator.performance.perf_model import estimate, kernel_estimate
+from evaluator.truth.reference import ReferenceCache
 from tasks import get_task
 from tests.conftest import HONEST
 
@@ -143,7 +143,7 @@ def test_causal_tasks_need_only_half_the_reference_flops():
     """A causal kernel that skips the masked half (a triangular grid) is honest: the floor the
     grader holds estimates to, and the share of work it asks kernels to do, follow
     Task.necessary_flops_share instead of the reference's full S x S logits."""
-    from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
+    from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary
     from evaluator.stages import _missing_work
 
     task = get_task("attention_fwd_causal")

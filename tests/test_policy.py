@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from evaluator import policy
+from evaluator.candidate import policy
 from tasks import all_tasks
 from tests.conftest import HONEST
 

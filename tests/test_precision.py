@@ -1,5 +1,5 @@
 """Arithmetic below the task's precision: int8/fp8 dots in float tasks are found and refused,
-int8 tasks keep theirs (evaluator/precision.py), and f32 bounds sit below bf16 rounding."""
+int8 tasks keep theirs (evaluator/analysis/precision.py), and f32 bounds sit below bf16 rounding."""
 import importlib.util
 
 import jax
@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from evaluator.compare import compare
-from evaluator.jaxpr_analysis import summarize
-from evaluator.precision import float_inputs_only, low_precision_finding
-from evaluator.reference import ReferenceCache
+from evaluator.analysis.jaxpr_analysis import summarize
+from evaluator.analysis.precision import float_inputs_only, low_precision_finding
+from evaluator.truth.compare import compare
+from evaluator.truth.reference import ReferenceCache
 from tasks import all_tasks, get_task
 from tasks.spec import DEFAULT_TOLERANCES
 from tests.conftest import TESTS

@@ -1,6 +1,6 @@
 """The program that is checked is the program that runs; candidates load as real modules.
 
-evaluator/program.py (trace once, replay the jaxpr with pallas_calls re-issued) and the
+evaluator/execution/program.py (trace once, replay the jaxpr with pallas_calls re-issued) and the
 worker's module handling, graded end to end and, where it is cheaper, in this process.
 """
 from __future__ import annotations
@@ -187,8 +187,8 @@ def test_candidate_modules_are_registered_and_removed(tmp_path, monkeypatch):
     """In this process: load registers a fresh module name, reset removes it."""
     import sys
 
-    from evaluator import handlers
-    from evaluator.protocol import Done, Load, Reset
+    from evaluator.execution import handlers
+    from evaluator.execution.protocol import Done, Load, Reset
 
     monkeypatch.chdir(tmp_path)  # reset empties the working directory
     state = handlers.WorkerState(interpret=True)
@@ -207,7 +207,7 @@ def test_candidate_modules_are_registered_and_removed(tmp_path, monkeypatch):
 def test_a_missing_race_hook_stops_the_worker_loudly(monkeypatch):
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from evaluator import jax_hooks
+    from evaluator.execution import jax_hooks
 
     @dataclasses.dataclass
     class NoRaceFlag:  # what a jax upgrade could leave behind
@@ -223,7 +223,7 @@ def test_replay_runs_the_traced_jaxpr_through_control_flow():
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    from evaluator.program import TracedProgram, replay
+    from evaluator.execution.program import TracedProgram, replay
 
     def double(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2.0
@@ -258,7 +258,7 @@ def test_replay_runs_the_traced_jaxpr_through_control_flow():
 def _matmul_program(precision):
     from jax.experimental import pallas as pl
 
-    from evaluator.program import TracedProgram
+    from evaluator.execution.program import TracedProgram
 
     def body(x_ref, y_ref, o_ref):
         o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32,
@@ -280,7 +280,7 @@ def _matmul_program(precision):
 def test_tpu_numerics_round_default_precision_dots_to_one_bf16_pass(precision, tpu_numerics, expect_bf16):
     from jax.experimental.pallas import tpu as pltpu
 
-    from evaluator.program import replay
+    from evaluator.execution.program import replay
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 512)).astype(np.float32)
@@ -399,7 +399,7 @@ def _wrapped_programs():
 def test_replay_rebuilds_the_primitives_real_code_wraps_around_kernels(primitive):
     from jax.experimental.pallas import tpu as pltpu
 
-    from evaluator.program import TracedProgram, replay
+    from evaluator.execution.program import TracedProgram, replay
 
     spec = jax.ShapeDtypeStruct((8, 128), jnp.float32)
     traced = TracedProgram.trace(_wrapped_programs()[primitive], [spec])
@@ -417,7 +417,7 @@ def test_a_primitive_the_replay_cannot_rebuild_is_named_as_its_limit():
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    from evaluator.program import ReplayLimit, TracedProgram, replay
+    from evaluator.execution.program import ReplayLimit, TracedProgram, replay
 
     def body(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2.0

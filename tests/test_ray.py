@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from evaluator.execution.sandbox import Limits
 from evaluator.grader import Evaluator, Job
-from evaluator.sandbox import Limits
 from tasks import get_task
 from tests.conftest import PEER_FIXTURE, read_candidate, require_module
 
@@ -66,7 +66,7 @@ def test_an_actor_killed_mid_batch_loses_no_verdict(on_ray, cluster):
 
 
 def test_a_candidate_whose_gradings_keep_dying_gets_a_runtime_error(cluster):
-    from evaluator.remote import RayExecutor
+    from evaluator.execution.remote import RayExecutor
 
     with Evaluator(executor="ray", workers=1, limits=LIMITS) as ev:
         ev.remote.max_attempts = 2

@@ -4,7 +4,7 @@ import json
 import pytest
 
 import tasks
-from evaluator.features import DETECTORS
+from evaluator.analysis.features import DETECTORS
 from tasks.spec import KNOWN_FEATURES, Case
 
 REQUIRED_TASKS = {"matmul", "softmax", "rms_norm", "attention_fwd", "attention_fwd_causal",

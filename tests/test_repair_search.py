@@ -1,8 +1,8 @@
-"""The repair search (data_gen/repair_search.py): which answers it leaves alone, how it spends
+"""The repair search (data_gen/repairs/repair_search.py): which answers it leaves alone, how it spends
 its budget, which edits it keeps, and an explanation made of exactly those edits."""
 import pytest
 
-from data_gen import repair_search
+from data_gen.repairs import repair_search
 from evaluator.record import Verdict
 from tasks import get_task
 

@@ -1,10 +1,10 @@
-"""The repairers (data_gen/repairers.py): each turns a small buggy kernel into the expected
+"""The repairers (data_gen/repairs/repairers.py): each turns a small buggy kernel into the expected
 source, leaves correct kernels alone, and a softmax with three bugs repaired grades correct."""
 from pathlib import Path
 
 import pytest
 
-from data_gen.repairers import REPAIRERS, repair
+from data_gen.repairs.repairers import REPAIRERS, repair
 
 ROOT = Path(__file__).parent.parent
 SOLUTIONS = sorted((ROOT / "tasks").glob("*/solution.py"))
@@ -17,7 +17,7 @@ def _sub(source: str, old: str, new: str) -> str:
 
 
 def test_every_catalogue_kind_names_a_registered_repairer():
-    from data_gen.catalogue import KINDS
+    from data_gen.catalogue.kinds import KINDS
 
     named = {k.repairer for k in KINDS if k.repairer}
     assert named <= set(REPAIRERS) and len(named) >= 15

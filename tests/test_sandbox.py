@@ -1,6 +1,6 @@
 """The worker sandbox on its own: crashes, hangs, children, environment, temp dir, reuse.
 
-These drive evaluator.sandbox.Worker directly (no policy stage), the way a candidate that
+These drive evaluator.execution.sandbox.Worker directly (no policy stage), the way a candidate that
 slipped past the static checks would.
 """
 import os
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from evaluator.backends import get_backend
-from evaluator.protocol import CaseSpec, Done, Failed, Load, Lower, Ping, Pong, Reset, Trace, Traced
-from evaluator.sandbox import Limits, Worker, WorkerError, WorkerPool
+from evaluator.execution.backends import get_backend
+from evaluator.execution.protocol import CaseSpec, Done, Failed, Load, Lower, Ping, Pong, Reset, Trace, Traced
+from evaluator.execution.sandbox import Limits, Worker, WorkerError, WorkerPool
 
 
 @pytest.fixture()
@@ -141,7 +141,7 @@ def test_worker_has_no_network(worker):
 
 
 def test_project_is_read_only_for_the_worker(worker):
-    from evaluator.sandbox import PROJECT_ROOT
+    from evaluator.execution.sandbox import PROJECT_ROOT
 
     target = PROJECT_ROOT / "tasks" / "written_by_candidate.txt"
     reply = load(worker, f"open({str(target)!r}, 'w').write('x')\n")

@@ -1,39 +1,31 @@
 """Every failure status, produced by a real broken candidate (tests/candidates/)."""
 import json
+import re
 
 import pytest
 
-from data_gen.explanations import observed_facts
-from evaluator.hardware import MiB
+from data_gen.rows.explanations import observed_facts
+from evaluator.performance.hardware import MiB
 from evaluator.record import STATUSES, Status, Verdict
 from evaluator.stages import Failure
-from tests.conftest import read_candidate
+from tests.conftest import CANDIDATES, read_candidate
 
-# (candidate file, task, expected status)
-CASES = [
-    ("syntax_error", "softmax", "syntax_error"),
-    ("policy_violation_import_os", "softmax", "policy_violation"),
-    ("import_error_raises", "softmax", "import_error"),
-    ("no_kernel_plain_jnp", "softmax", "no_kernel"),
-    ("work_outside_dot", "matmul", "work_outside_kernel"),
-    ("work_outside_row_max", "softmax", "work_outside_kernel"),
-    ("work_outside_pure_callback", "softmax", "work_outside_kernel"),
-    ("missing_feature_no_scalar_prefetch", "grouped_matmul", "missing_feature"),
-    ("lowering_error_block_7x100", "matmul", "lowering_error"),
-    ("compile_error_vmem_overflow", "matmul", "compile_error"),
-    ("grader_limit_custom_linear_solve", "softmax", "grader_limit"),
-    ("runtime_error_index_map_out_of_range", "matmul", "runtime_error"),
-    ("runtime_error_memory_hog", "matmul", "runtime_error"),
-    ("runtime_error_data_race", "softmax", "runtime_error"),
-    ("wrong_shape_dtype", "matmul", "wrong_shape"),
-    ("work_outside_zeros", "matmul", "work_outside_kernel"),
-    ("wrong_output_doubled", "matmul", "wrong_output"),
-    ("wrong_output_missing_acc_init", "matmul", "wrong_output"),
-]
-TIMEOUTS = [
-    ("timeout_python_loop", "matmul"),
-    ("timeout_kernel_loop", "matmul"),
-]
+# Each broken candidate of tests/candidates/ that stands for a status says which, and on which
+# task, on its last line: `# expect: wrong_output on matmul`. A new status needs one such file.
+EXPECT = re.compile(r"^# expect: (\w+) on (\w+)$", re.M)
+
+
+def _expected() -> list[tuple[str, str, str]]:
+    """(candidate file, task, expected status) for every candidate that says what it expects."""
+    found = []
+    for path in sorted(CANDIDATES.glob("*.py")):
+        if expect := EXPECT.search(path.read_text()):
+            found.append((path.stem, expect.group(2), expect.group(1)))
+    return found
+
+
+CASES = [case for case in _expected() if case[2] != "timeout"]
+TIMEOUTS = [(name, task) for name, task, status in _expected() if status == "timeout"]
 
 
 @pytest.mark.parametrize("name,task,status", CASES, ids=[c[0] for c in CASES])

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from evaluator.compare import compare
-from evaluator.extract import ExtractionError, extract_code
-from evaluator.program import with_tpu_dots
+from evaluator.candidate.extract import ExtractionError, extract_code
+from evaluator.execution.program import with_tpu_dots
+from evaluator.truth.compare import compare
 
 TASK = "kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU"
 

@@ -37,7 +37,7 @@ def _listed(capsys, root: Path, *extra: str) -> dict[str, dict]:
 @pytest.fixture
 def no_worker(monkeypatch):
     """A listing must not run their code: starting a sandbox worker fails the test."""
-    from evaluator.sandbox import Worker
+    from evaluator.execution.sandbox import Worker
 
     def refuse(self):
         raise AssertionError("a listing started a sandbox worker")

@@ -2,7 +2,7 @@
 import jax
 import jax.numpy as jnp
 
-from evaluator.handlers import time_callable
+from evaluator.execution.handlers import time_callable
 
 
 def test_time_callable_returns_one_positive_sample_per_call():

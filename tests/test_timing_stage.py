@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from evaluator.backends import get_backend
+from evaluator.execution.backends import get_backend
 from evaluator.grader import Evaluator
 from tasks import get_task
 from tasks.spec import case_grid

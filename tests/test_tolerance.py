@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from evaluator.compare import compare
-from evaluator.reference import ReferenceCache
+from evaluator.truth.compare import compare
+from evaluator.truth.reference import ReferenceCache
 from tasks import all_tasks
 from tasks.spec import Tolerance, np_dtype
 

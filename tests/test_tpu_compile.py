@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from evaluator.backends import get_backend
+from evaluator.execution.backends import get_backend
+from evaluator.execution.protocol import Compile, Done, Failed, Load, Reset, Trace, Traced
+from evaluator.execution.sandbox import Limits, Worker
 from evaluator.grader import Evaluator
-from evaluator.hardware import GENERATIONS
-from evaluator.protocol import Compile, Done, Failed, Load, Reset, Trace, Traced
-from evaluator.sandbox import Limits, Worker
+from evaluator.performance.hardware import GENERATIONS
 from evaluator.stages import case_spec
 from tasks import all_tasks
 from tests.conftest import read_candidate, require_module

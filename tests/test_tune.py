@@ -2,7 +2,7 @@
 setting the checks refuse, and keeps the source as written apart from its knobs."""
 import pytest
 
-from evaluator.knobs import find_knobs, rewrite
+from evaluator.candidate.knobs import find_knobs, rewrite
 from evaluator.tune import static_trial, tune
 from tasks import get_task
 

@@ -4,19 +4,11 @@ import json
 
 import pytest
 
-from data_gen.fingerprint import canonical, fingerprint
-from data_gen.pool import (
-    DEFAULT_POOL,
-    POOL_FILE,
-    build,
-    inputs_hash,
-    load_pool,
-    main,
-    stale_entries,
-)
-from data_gen.variants import candidates, strip_comments
-from evaluator.backends import default_backend
+from data_gen.failures.fingerprint import canonical, fingerprint
+from data_gen.failures.variants import candidates, strip_comments
+from data_gen.pool import DEFAULT_POOL, POOL_FILE, build, inputs_hash, load_pool, main, stale_entries
 from evaluator.digest import task_files
+from evaluator.execution.backends import default_backend
 from tasks import all_tasks, get_task
 
 TRAIN_TASKS = [t for t in all_tasks() if not t.heldout_task]

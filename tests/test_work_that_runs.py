@@ -1,6 +1,6 @@
 """Work that runs: a pl.when decided by the grid position counts only on the grid steps that
-take it (evaluator/grid_conds.py), and only loops sized by the task's integer inputs leave the
-work rules undecided (evaluator/trip_origin.py). Tracing only: nothing here runs a kernel."""
+take it (evaluator/analysis/grid_conds.py), and only loops sized by the task's integer inputs leave the
+work rules undecided (evaluator/analysis/trip_origin.py). Tracing only: nothing here runs a kernel."""
 import jax
 import jax.numpy as jnp
 import pytest
@@ -8,8 +8,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary, summarize
-from evaluator.jaxpr_cost import Cost
+from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary, summarize
+from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.stages import _missing_work
 from tasks import get_task
 

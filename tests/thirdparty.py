@@ -13,7 +13,7 @@ corpus in step with the jax the grader runs: a jax upgrade re-tests the new kern
 
 Why inline at all, instead of `from jax.experimental.pallas.ops.tpu import flash_attention`?
 The grader requires the kernel bodies (the functions handed to pallas_call) to be defined in
-the candidate's own text (evaluator/provenance.py): a library's kernel is not the candidate's
+the candidate's own text (evaluator/analysis/provenance.py): a library's kernel is not the candidate's
 work. So the kernel module is inlined; library helper modules that are not kernels (splash
 attention's mask builders and mask-info processing, megablox's `common`, paged attention's
 `quantization_utils`) stay ordinary imports.
@@ -290,7 +290,7 @@ def kernel(q, k_pages, v_pages, lengths, page_indices):
 
 
 # The grader runs a kernel's DEFAULT-precision float32 dots as a TPU's MXU does: operands
-# rounded to bfloat16, one pass (evaluator/program.py, tpu_dot_numerics). jax's attention
+# rounded to bfloat16, one pass (evaluator/execution/program.py, tpu_dot_numerics). jax's attention
 # kernels use DEFAULT precision, so on float32 inputs their logits come from bf16-rounded q and
 # k. The forward tasks' tolerances were calibrated to accept exactly that (tasks/spec.py,
 # ATTENTION_TOLERANCES), so the forward kernels are expected correct on both dtypes. The

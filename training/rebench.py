@@ -28,20 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.options import (UsageError, add_scale_options, add_suite_option, generation_for,
-                         open_resolver, resolve_tasks, scale_kwargs)
-from data_gen.journal import Journal, JournalMismatch
+from cli.options import (UsageError, add_scale_options, add_suite_option, generation_for, open_resolver, resolve_tasks,
+                         scale_kwargs)
+from data_gen.rows.journal import Journal, JournalMismatch
 from evaluator.record import Verdict
-from training.rebench_report import (
-    GROUPS,
-    Sample,
-    Turn,
-    markdown,
-    plot_turns,
-    report_document,
-    summarize,
-    turn_curves,
-)
+from training.rebench_report import GROUPS, Sample, Turn, markdown, plot_turns, report_document, summarize, turn_curves
 
 
 @dataclass(frozen=True)
@@ -165,8 +156,8 @@ def samples_from(journal: Journal, conversations: list[Conversation]) -> list[Sa
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from evaluator.backends import BACKENDS
-    from evaluator.hardware import DEFAULT_GENERATION, GENERATIONS
+    from evaluator.execution.backends import BACKENDS
+    from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS
 
     p = argparse.ArgumentParser(prog="python -m training.rebench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -232,13 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, resolver: Any) -> dict[str, Any]:
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from evaluator.grader import Evaluator
 

@@ -3,8 +3,10 @@
 One entry per kind (`KINDS`): its name, the real error texts it stands for (regular expressions
 that match them, on a real TPU as JAXBench's harness reported them and in our own evaluator's
 feedback), where those texts were seen, how often GPT-5.3's real failures fall into it, the bug
-operators that inject it into a correct kernel (`data_gen/operators.py` holds their site
-finders), and the name of its repairer (`data_gen/repairers.py`).
+operators that inject it into a correct kernel and the name of its repairer, by name: the
+operators (`data_gen/failures/operators.py`) and the repairers (`data_gen/repairs/repairers.py`)
+bind those names to code and check, on import, that every name here is theirs. This module
+imports neither, so every step of the pipeline can speak of kinds.
 
 `classify(status, message)` names the kind of one failure from its status and error text. The
 same function counts a JAXBench checkout's real failures (`python -m data_gen.catalogue
@@ -18,17 +20,9 @@ kept out of the tuning: they are the held-out check of the catalogue and its rep
 """
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
-
-from data_gen.edits import BugOperator
-from data_gen.operators import INJECTORS
-from data_gen.repairers import REPAIRERS
 
 REAL_SOURCE = "JAXBench ebc95e6, pallas_eval/results/eval_gpt53.json (GPT-5.3, one shot, TPU v6e, jax 0.6.2)"
 REAL_MODEL = "gpt53"
@@ -44,8 +38,8 @@ class FailureKind:
     texts: tuple[str, ...]      # regexes of the error texts it stands for (theirs and ours)
     seen: str                   # where those texts were seen
     gpt53: int                  # GPT-5.3's real failures of this kind (REAL_SOURCE)
-    operators: tuple[str, ...]  # injectors: bug operators that produce it (data_gen/operators.py)
-    repairer: str = ""          # the kind's repairer in data_gen/repairers.py, "" for none
+    operators: tuple[str, ...]  # injectors: bug operators that produce it (data_gen/failures/operators.py)
+    repairer: str = ""          # the kind's repairer in data_gen/repairs/repairers.py, "" for none
     # The runtime kinds: the kernel runs and its values are wrong. A real TPU reports all three
     # as wrong output; only an interpret-mode grader tells an out-of-bounds read or a race apart.
     semantic: bool = False
@@ -233,34 +227,6 @@ def kind_of_operator(operator_name: str) -> str:
     raise KeyError(f"bug operator {operator_name!r} belongs to no failure kind")
 
 
-def _in_catalogue_order() -> tuple[BugOperator, ...]:
-    by_name = {op.name: op for op in INJECTORS}
-    listed = [name for k in KINDS for name in k.operators]
-    missing = sorted(set(by_name) - set(listed))
-    if missing or len(listed) != len(set(listed)):
-        raise ImportError(f"every bug operator belongs to exactly one failure kind; not listed: {missing}")
-    return tuple(by_name[name] for name in listed)
-
-
-def _check_repairers() -> None:
-    unknown = [k.name for k in KINDS if k.repairer and k.repairer not in REPAIRERS]
-    if unknown:
-        raise ImportError(f"failure kinds name repairers that data_gen/repairers.py lacks: {unknown}")
-
-
-# Every injector, in catalogue order: the mutation source's operators.
-OPERATORS: tuple[BugOperator, ...] = _in_catalogue_order()
-_check_repairers()
-OPERATOR_NAMES = tuple(op.name for op in OPERATORS)
-
-
-def operator(name: str) -> BugOperator:
-    for op in OPERATORS:
-        if op.name == name:
-            return op
-    raise KeyError(f"unknown bug operator {name!r}; known: {', '.join(OPERATOR_NAMES)}")
-
-
 # --- the real mix and ours, side by side ----------------------------------------------------------
 
 # On a real TPU, the semantic kinds all read as wrong output: ours are compared as one group.
@@ -303,60 +269,3 @@ def mix_of(kinds: Counter) -> dict[str, float]:
 def total_variation(a: dict[str, float], b: dict[str, float]) -> float:
     """Half the L1 distance between two mixes: the share of one that must move to make the other."""
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
-
-
-# --- counting a checkout ----------------------------------------------------------------------------
-
-def count_checkout(root: Path, model: str) -> tuple[Counter, list[tuple[str, str]]]:
-    """Classify one model's real failures in a JAXBench checkout: counts by kind and, for the
-    unclassified, (name, first line) so the patterns can be checked by reading."""
-    from suites.attempts import classify as their_verdict, read_results, their_error
-
-    records = read_results(root, model)
-    if not records:
-        raise FileNotFoundError(f"no results for model {model!r} under {root} (pallas_eval/results/eval_{model}.json)")
-    counts: Counter[str] = Counter()
-    unclassified = []
-    for (_, name), record in sorted(records.items()):
-        theirs = their_verdict(record)
-        if theirs.verdict != "failed":
-            continue
-        status = "wrong_output" if theirs.status == "success" else "error"
-        text = their_error(record) if status == "error" else ""
-        found = classify(status, text)
-        counts[found] += 1
-        if found == UNCLASSIFIED:
-            unclassified.append((name, text.splitlines()[0][:120] if text else ""))
-    return counts, unclassified
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_gen.catalogue",
-                                description="Count a JAXBench checkout's real failures by kind.")
-    p.add_argument("source", help="jaxbench:PATH, a JAXBench checkout")
-    p.add_argument("--model", default=REAL_MODEL, help="model folder under pallas_eval/generated")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    kind_, _, path = args.source.partition(":")
-    if kind_ != "jaxbench" or not path:
-        print(f"error: expected jaxbench:PATH, got {args.source!r}", file=sys.stderr)
-        return 2
-    try:
-        counts, unclassified = count_checkout(Path(path), args.model)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({"model": args.model, "counts": dict(counts), "unclassified": unclassified}))
-        return 0
-    total = sum(counts.values())
-    print(f"{args.model}: {total} kernel failures")
-    for name, n in counts.most_common():
-        print(f"  {name:20s} {n:4d}  {100 * n / total:5.1f}%")
-    for name, line in unclassified:
-        print(f"  unclassified: {name}: {line}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

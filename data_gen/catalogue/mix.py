@@ -1,7 +1,7 @@
 """The dataset's mix of failure kinds, calibrated to the real one.
 
 The real mix is GPT-5.3's one-shot failures on JAXBench, counted by the failure catalogue
-(data_gen/catalogue.py). The target departs from it in three stated ways:
+(data_gen/catalogue/kinds.py). The target departs from it in three stated ways:
 
 - no kind above MAX_KIND_SHARE of the rows: the largest real kind (blocks not aligned to the
   (8, 128) tile, 28%) would otherwise be what a model learns first and best;
@@ -13,14 +13,14 @@ The real mix is GPT-5.3's one-shot failures on JAXBench, counted by the failure 
   import, interpret mode left on, no Pallas at all) get SURFACE_SHARE together: GPT-5.3 made
   none of them, Gemini 3 made many.
 
-`data_gen.dataset.calibrate` keeps as many rows as it can whose mix is within TV_LIMIT (total
+`data_gen.rows.dataset.calibrate` keeps as many rows as it can whose mix is within TV_LIMIT (total
 variation) of the real one, with no kind above the cap.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-from data_gen.catalogue import GPT53_FAILURES, KINDS, REAL_SOURCE, grouped, mix_of, real_counts, total_variation
+from data_gen.catalogue.kinds import GPT53_FAILURES, KINDS, REAL_SOURCE, grouped, mix_of, real_counts, total_variation
 
 MAX_KIND_SHARE = 0.15
 SEMANTIC_SHARE = 0.20

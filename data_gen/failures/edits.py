@@ -2,7 +2,7 @@
 places a bug can go (`Site`), the text edits that put it there (`Edit`), the failing kernel that
 results (`Mutant`), and the record of a kind of bug (`BugOperator`).
 
-It exists apart from the operators (data_gen/operators.py) so that what a bug is and how any bug
+It exists apart from the operators (data_gen/failures/operators.py) so that what a bug is and how any bug
 is written into a file are separate: an edit rewrites only the source text of its site, so the
 rest of the file keeps its formatting and the repair is the original kernel. Comments and
 docstrings that the bug makes false (the ones on and just above the edited lines, and any that
@@ -17,7 +17,7 @@ import tokenize
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from evaluator.policy import parse_module
+from evaluator.candidate.policy import parse_module
 from tasks.spec import Task
 
 # The end of a truncated answer (operators.find_truncated_answer): a Mutant whose source ends
@@ -270,14 +270,14 @@ def dotted_name(node: ast.AST) -> str:
 
 @dataclass(frozen=True)
 class BugOperator:
-    """A kind of bug and where it applies. What to say about it lives in data_gen/explanations.py.
+    """A kind of bug and where it applies. What to say about it lives in data_gen/rows/explanations.py.
 
     `family` says how its mutants are graded and combined: "static" bugs fail before anything runs
     (lowering, VMEM) and are graded through the static stages only, "semantic" ones run and give
     wrong values or crash, "surface" ones never reach the compiler (truncation, prose in the
     code, a missing import). A compound pairs a static bug with a semantic one. Which kind of
     failure an operator injects, and how often, is the failure catalogue's business
-    (data_gen/catalogue.py).
+    (data_gen/catalogue/kinds.py).
     """
 
     name: str
@@ -292,3 +292,10 @@ class BugOperator:
         nothing does: its mutants are graded through them only, and one that passes them is
         dropped as survived without running its cases (a survivor costs a full grading)."""
         return self.family == "static"
+
+
+# The standard imports of a Pallas kernel module, by the name each binds: what a bug may leave out
+# and what a repair puts back.
+STANDARD_IMPORTS = {"jnp": "import jax.numpy as jnp", "jax": "import jax", "pl": "from jax.experimental import pallas as pl",
+                    "pltpu": "from jax.experimental.pallas import tpu as pltpu", "functools": "import functools",
+                    "lax": "from jax import lax", "math": "import math", "np": "import numpy as np"}

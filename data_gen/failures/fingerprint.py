@@ -13,8 +13,8 @@ import hashlib
 import re
 from functools import lru_cache
 
+from evaluator.candidate.policy import parse_module
 from evaluator.digest import without_docstrings
-from evaluator.policy import parse_module
 
 
 @lru_cache(maxsize=8192)  # a dataset build asks for the same kernels many times

@@ -17,8 +17,8 @@ import re
 import tokenize
 from collections import Counter
 
-from data_gen.fingerprint import canonical
-from evaluator.policy import parse_module
+from data_gen.failures.fingerprint import canonical
+from evaluator.candidate.policy import parse_module
 
 ROW_RULES = ("annotation_differs", "dead_name", "self_assignment")
 DATASET_RULES = ("kind_over_cap", "repeated_edit")

@@ -1,6 +1,6 @@
 """Mutant generation: every single-bug mutant of a correct kernel (`mutants`) and compounds of
 two bugs with one repair (`compounds`, `compound_with`), made by applying the operators of
-data_gen/operators.py through the edit engine of data_gen/edits.py.
+data_gen/failures/operators.py through the edit engine of data_gen/failures/edits.py.
 
 It exists to decide which proposed bugs become mutants: unchanged or duplicate sources and
 bugs in the syntax rather than the code are dropped here, and a compound pairs a static bug
@@ -12,10 +12,10 @@ import ast
 import random
 from dataclasses import replace
 
-from data_gen.edits import BugOperator, Mutant, Site, SourceModule
-from data_gen.giveaways import leftovers
-from data_gen.catalogue import OPERATORS, operator
-from evaluator.policy import parse_module
+from data_gen.failures.edits import BugOperator, Mutant, Site, SourceModule
+from data_gen.failures.giveaways import leftovers
+from data_gen.failures.operators import OPERATORS, operator
+from evaluator.candidate.policy import parse_module
 from tasks.spec import Task
 
 COMPOUND = "compound"

@@ -3,10 +3,10 @@ the finder of the sites in a verified kernel where it can be injected.
 
 The kernels are a task's solution and its verified variants (data_gen/pool.py). Each operator
 finds its sites on the kernel's AST and proposes a rewrite of only the source text of that site
-(data_gen/edits.py writes it in). An operator only proposes a bug; the evaluator decides whether
+(data_gen/failures/edits.py writes it in). An operator only proposes a bug; the evaluator decides whether
 the mutant really fails, and a mutant that still passes is dropped. Every site carries `facts`
 about the failing code (the function, the line, the code as it now reads) for
-data_gen/explanations.py to write about. The catalogue is its own module so that adding or
+data_gen/rows/explanations.py to write about. The catalogue is its own module so that adding or
 changing a bug touches this file only.
 
 The list of operators is `OPERATORS` at the bottom; docs/data-generation.md has the table.
@@ -19,8 +19,9 @@ import re
 from collections.abc import Iterator
 
 from chat.prompts import reference_source
-from data_gen.edits import TRUNCATION_MARK, BugOperator, Edit, Site, SourceModule, dotted_name
-from data_gen.repairers import STANDARD_IMPORTS
+from data_gen.catalogue.kinds import KINDS
+from data_gen.failures.edits import (STANDARD_IMPORTS, TRUNCATION_MARK, BugOperator, Edit, Site, SourceModule,
+                                     dotted_name)
 
 # --- site finders, one per operator --------------------------------------------------------------
 
@@ -888,3 +889,24 @@ INJECTORS: tuple[BugOperator, ...] = (
     BugOperator("prose_in_code", "a line of prose inside the code block", find_prose_in_code, "surface",
                 parses=False),
 )
+
+
+def _in_catalogue_order() -> tuple[BugOperator, ...]:
+    by_name = {op.name: op for op in INJECTORS}
+    listed = [name for k in KINDS for name in k.operators]
+    missing = sorted(set(by_name) - set(listed))
+    if missing or len(listed) != len(set(listed)):
+        raise ImportError(f"every bug operator belongs to exactly one failure kind; not listed: {missing}")
+    return tuple(by_name[name] for name in listed)
+
+
+# Every injector, in catalogue order: the mutation source's operators.
+OPERATORS: tuple[BugOperator, ...] = _in_catalogue_order()
+OPERATOR_NAMES = tuple(op.name for op in OPERATORS)
+
+
+def operator(name: str) -> BugOperator:
+    for op in OPERATORS:
+        if op.name == name:
+            return op
+    raise KeyError(f"unknown bug operator {name!r}; known: {', '.join(OPERATOR_NAMES)}")

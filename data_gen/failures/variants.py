@@ -5,7 +5,7 @@ A task's seeds are its solution (`tasks/<task>/solution.py`) and its hand-writte
 semantics-preserving rewrites:
 
 - **blocks**: other legal block sizes, found and rewritten by the tuner's knob finder
-  (`evaluator.knobs`), drawn below the seed's own sizes down to one (8, 128) tile, so that
+  (`evaluator.candidate.knobs`), drawn below the seed's own sizes down to one (8, 128) tile, so that
   check-size cases span several blocks and edge handling is exercised;
 - **layout**: every second rewrite also drops the comments (docstrings stay), so the
   repairs a model reads do not all carry the same commentary.
@@ -22,8 +22,8 @@ import random
 import tokenize
 from dataclasses import dataclass, field
 
-from data_gen.fingerprint import fingerprint
-from evaluator.knobs import Knob, alignment, choices, find_knobs, rewrite
+from data_gen.failures.fingerprint import fingerprint
+from evaluator.candidate.knobs import Knob, alignment, choices, find_knobs, rewrite
 from tasks.spec import Task
 
 VARIANTS_DIR = "variants"  # tasks/<task>/variants/*.py: hand-written alternative kernels

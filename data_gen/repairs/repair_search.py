@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_gen.catalogue import KIND_NAMES, classify, kind
-from data_gen.repairers import repair
-from data_gen.sources import STAGE_ORDER
-from evaluator.policy import parse_module
+from data_gen.catalogue.kinds import KIND_NAMES, classify, kind
+from data_gen.repairs.repairers import repair
+from evaluator.candidate.policy import parse_module
 from evaluator.record import Status, Verdict
+from evaluator.stages import STAGE_ORDER
 
 DEFAULT_BUDGET = 4  # gradings per failing kernel
 # Repairers that fix a module's surface whatever the verdict named: tried after the kind's own.
@@ -43,7 +43,7 @@ class Edit:
     """One kept step of a search: the failure it answered and the source before and after."""
 
     kind: str       # the failure kind the verdict named
-    repairer: str   # the repairer applied (data_gen/repairers.py)
+    repairer: str   # the repairer applied (data_gen/repairs/repairers.py)
     status: str     # the verdict status it answered
     before: str
     after: str

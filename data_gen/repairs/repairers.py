@@ -17,8 +17,9 @@ import math
 import re
 from collections.abc import Callable, Iterator
 
-from data_gen.edits import SourceModule, dotted_name
-from evaluator.policy import parse_module
+from data_gen.catalogue.kinds import KINDS
+from data_gen.failures.edits import STANDARD_IMPORTS, SourceModule, dotted_name
+from evaluator.candidate.policy import parse_module
 
 Repairer = Callable[[str, str], "str | None"]
 
@@ -389,7 +390,7 @@ def _raise_scoped_limit(m: _Module, message: str) -> bool:
     """Blocks over the scoped VMEM limit that fit the chip: ask for a limit that holds them, in
     whole MiB, when it stays within three quarters of the chip's VMEM: the kernel's own
     `vmem_limit_bytes` raised, or `compiler_params=pltpu.CompilerParams(vmem_limit_bytes=...)`."""
-    from evaluator.hardware import GENERATIONS, MiB
+    from evaluator.performance.hardware import GENERATIONS, MiB
 
     found = _OVER_LIMIT.search(message)
     if found is None:
@@ -1040,12 +1041,6 @@ def repair_wrong_entry_point(source: str, message: str = "") -> str | None:
     return m.result()
 
 
-# The imports a kernel module uses, by the name they bind.
-STANDARD_IMPORTS = {"jnp": "import jax.numpy as jnp", "jax": "import jax", "pl": "from jax.experimental import pallas as pl",
-                    "pltpu": "from jax.experimental.pallas import tpu as pltpu", "functools": "import functools",
-                    "lax": "from jax import lax", "math": "import math", "np": "import numpy as np"}
-
-
 def repair_undefined_name(source: str, message: str = "") -> str | None:
     """A standard import left out (`name 'jnp' is not defined`): add it after the last
     top-level import."""
@@ -1093,3 +1088,12 @@ def repair(kind: str, source: str, message: str = "") -> str | None:
     if kind not in REPAIRERS:
         raise KeyError(f"unknown repair kind {kind!r}; known: {', '.join(REPAIRERS)}")
     return REPAIRERS[kind](source, message)
+
+
+def _check_repairers() -> None:
+    unknown = [k.name for k in KINDS if k.repairer and k.repairer not in REPAIRERS]
+    if unknown:
+        raise ImportError(f"failure kinds name repairers that data_gen/repairs/repairers.py lacks: {unknown}")
+
+
+_check_repairers()

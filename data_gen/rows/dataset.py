@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from chat.prompts import describe_case
-from data_gen.catalogue import mix_of, real_mix, total_variation
-from data_gen.fingerprint import fingerprint
-from data_gen.giveaways import DATASET_RULES, MAX_ROWS_PER_EDIT, ROW_RULES, dataset_giveaways, masked_edit, row_giveaways, \
-    structure
-from data_gen.mix import MAX_KIND_SHARE, TV_LIMIT, mix_table, semantic_share, target_mix
-from data_gen.text_rules import RULES, opening_share, prose, row_violations
+from data_gen.catalogue.kinds import mix_of, real_mix, total_variation
+from data_gen.catalogue.mix import MAX_KIND_SHARE, TV_LIMIT, mix_table, semantic_share, target_mix
+from data_gen.failures.fingerprint import fingerprint
+from data_gen.failures.giveaways import (DATASET_RULES, MAX_ROWS_PER_EDIT, ROW_RULES, dataset_giveaways, masked_edit,
+                                         row_giveaways, structure)
+from data_gen.rows.text_rules import RULES, opening_share, prose, row_violations
 from tasks import get_task
 from tasks.spec import Task
 
@@ -149,7 +149,7 @@ def round_robin(queues: list[list[T]], limit: int) -> list[T]:
 
 # Failure kinds whose rows all go to validation, never to train: a validation loss on kinds the
 # model never saw repaired measures transfer, not recall of a template. Both are static kinds of
-# real failures with their own error text and fix (data_gen/catalogue.py).
+# real failures with their own error text and fix (data_gen/catalogue/kinds.py).
 VALIDATION_KINDS = ("spec_arity", "captured_constant")
 
 
@@ -310,18 +310,14 @@ def dataset_card(summary: DatasetSummary, name: str, description: str, val_tasks
     # folder (a rerun, or another dataset of the same name) loads stale rows. Without it, the
     # splits come from the file names (data/train-*, data/validation-*) and the cache key from
     # the files themselves.
+    from huggingface_hub import DatasetCardData
+
+    header = DatasetCardData(license=license, task_categories=["text-generation"],
+                             tags=["code", "jax", "pallas", "tpu", "kernels"]).to_yaml()
     total = sum(summary.splits.values())
     extra = f"{sections.rstrip()}\n\n" if sections else ""
     return f"""---
-license: {license}
-task_categories:
-- text-generation
-tags:
-- code
-- jax
-- pallas
-- tpu
-- kernels
+{header}
 ---
 
 # {name}: Fixit repair pairs for Pallas TPU kernels
@@ -345,7 +341,7 @@ the repaired kernel passes every train case under `tpu-interpret` and lowers for
   in the row, and the repair is graded correct on every train case.
 
 Columns: `id`, `attempt_id`, `task`, `task_version`, `level`, `case_split`, `error_class` (the failing
-kernel's verdict status), `failure_kind` (its kind in the failure catalogue, `data_gen/catalogue.py`),
+kernel's verdict status), `failure_kind` (its kind in the failure catalogue, `data_gen/catalogue/kinds.py`),
 `failing_stage`, `source` (mutation / model / replay / jaxbench), `origin` (bug operator
 or the model whose attempt failed), `context` (hardware context in the system prompt), `messages`, `failing_verdict` and
 `repair_verdict` (evaluator verdicts as JSON), `failing_code`, `repair_code`, `repaired_by` (what wrote
@@ -370,10 +366,10 @@ ds = datasets.load_dataset("datasets/{name}")
 ## The mix beside the real one
 
 Failure kinds of this dataset's rows and of GPT-5.3's real one-shot failures on JAXBench, both
-counted by the failure catalogue (`data_gen/catalogue.py`) from their error texts. The runtime
+counted by the failure catalogue (`data_gen/catalogue/kinds.py`) from their error texts. The runtime
 kinds (wrong values, out-of-bounds reads, races) read as one group here: a real TPU reports all
 three as wrong output. The target mix and its departures from the real one are stated in
-`data_gen/mix.py`: no kind above {100 * MAX_KIND_SHARE:.0f}% of the rows, the runtime kinds at about
+`data_gen/catalogue/mix.py`: no kind above {100 * MAX_KIND_SHARE:.0f}% of the rows, the runtime kinds at about
 20% (a repair loop meets them once a kernel compiles, and their feedback does not name the fix),
 and a few percent of answers that never reach the compiler (prose in the code, a wrong entry
 point), which Gemini 3 makes and GPT-5.3 does not.
@@ -388,11 +384,11 @@ point), which Gemini 3 makes and GPT-5.3 does not.
 
 ## Explanation and giveaway rules
 
-Every explanation is checked (`data_gen/text_rules.py`) and a pair that breaks a rule is not
+Every explanation is checked (`data_gen/rows/text_rules.py`) and a pair that breaks a rule is not
 kept: no local path or seed in the feedback or the explanation, no evaluator stage names, no
 history verbs (became, was removed, no longer), no 8-word run copied from the feedback, no
 names of code the failing kernel does not contain. Nor may the failing kernel and its repair
-differ beyond the fix (`data_gen/giveaways.py`): comments and docstrings differ only on the
+differ beyond the fix (`data_gen/failures/giveaways.py`): comments and docstrings differ only on the
 lines the fix changes, the failing kernel leaves no name unread and assigns nothing to itself;
 and over the dataset no kind holds more than {100 * MAX_KIND_SHARE:.0f}% of the rows and no edit
 repeats more than {MAX_ROWS_PER_EDIT} times in one task.

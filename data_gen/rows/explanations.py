@@ -5,7 +5,7 @@ is (never how it was made), consistent with what the evaluator observed. Each op
 diagnoses per observed status; a status an operator has no diagnosis for gets no explanation,
 and the collector drops that pair rather than explain a failure it did not see. Several
 phrasings per diagnosis and fix, picked by the mutant's id, keep rows from sharing one template.
-data_gen/text_rules.py checks every explanation against the rules the dataset card reports.
+data_gen/rows/text_rules.py checks every explanation against the rules the dataset card reports.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from data_gen.edits import Mutant
-from evaluator.hardware import MiB
+from data_gen.failures.edits import Mutant
+from evaluator.performance.hardware import MiB
 from evaluator.record import Verdict
 
 

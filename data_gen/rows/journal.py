@@ -4,7 +4,8 @@ One line per finished unit of work, written and flushed as soon as it is done. A
 any moment leaves at worst one partial last line, which the reader ignores (that unit is redone);
 a restarted run skips every id already in the journal, so nothing is lost and nothing is repeated.
 The journal also records the run's arguments, so a restart with different ones cannot silently
-mix two datasets.
+mix two datasets. Every source writes one attempt line per item (`attempt_entry`), with the reason
+it gave no pair (`DropReason`) that the run's summary counts by.
 """
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from evaluator.record import Verdict
+from tasks.spec import Task
 
 
 class JournalMismatch(ValueError):
@@ -72,3 +78,42 @@ class Journal:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+
+class DropReason(StrEnum):
+    """Why an attempt gave no pair: the one list the run's summary counts by."""
+
+    SURVIVED = "survived"                          # the evaluator found no fault in the mutant
+    COMPOUND = "compound"                          # a compound's second bug is not seen behind the first
+    UNEXPLAINED = "unexplained"                    # no true explanation for what was observed
+    REPAIR_NOT_CONFIRMED = "repair not confirmed"  # the repaired kernel is not graded correct
+    TEXT_RULES = "text rules"                      # the row breaks a rule on model-facing text
+    GIVEAWAY = "giveaway"                          # failing and repair differ beyond the fix
+    CORRECT_FIRST_TRY = "correct on the first try"
+    NOT_REPAIRED = "not repaired"                  # no repair confirmed: the search or the model's turns ran out
+    TRUNCATED = "truncated"                        # an answer cut off mid-code: its intent is gone
+    ATTEMPT_CORRECT = "attempt is correct"         # a replayed attempt that passes
+    GRADER_LIMIT = "grader_limit"                  # the evaluator could not run the attempt
+    NO_EXPLANATION = "no explanation"              # a repair that came without one
+    NOT_LOADED = "task not loaded"                 # a peer suite's task that does not load here
+
+
+@dataclass(frozen=True)
+class Dropped:
+    reason: DropReason
+    detail: str = ""
+
+    def text(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else str(self.reason)
+
+
+def attempt_entry(item_id: str, task: Task | str, source: str, origin: str, failing: Verdict | None,
+                  pair: Any = None, dropped: Dropped | None = None, **extra: Any) -> dict[str, Any]:
+    """The journal line for one attempt: `dropped` in words, `drop_reason` to count by. `task`
+    is a name where none could be loaded."""
+    return {"kind": "attempt", "id": item_id, "task": task if isinstance(task, str) else task.name,
+            "source": source, "origin": origin,
+            "status": failing.status if failing else None, "stage": failing.stage if failing else None,
+            "seconds": round(failing.wall_s, 3) if failing else None,
+            "pair": pair.to_dict() if pair else None, "dropped": dropped.text() if dropped else None,
+            "drop_reason": dropped.reason if dropped else None, **extra}

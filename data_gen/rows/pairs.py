@@ -2,7 +2,8 @@
 
 system (role + optional hardware context), user (task prompt), assistant (the failing attempt),
 user (the evaluator's feedback for it), assistant (explanation, then the repaired kernel). Only
-the last message is trained on.
+the last message is trained on. A repair that came as a model's reply makes its pair here too
+(`pair_from_reply`): the reply's prose is the explanation.
 """
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import json
 from dataclasses import asdict, dataclass
 
 from chat import prompts
-from data_gen.catalogue import classify
-from data_gen.fingerprint import normalized
-from evaluator.record import Verdict
+from data_gen.catalogue.kinds import classify
+from data_gen.failures.fingerprint import normalized
+from data_gen.rows.journal import Dropped, DropReason
+from evaluator.candidate.extract import ExtractionError, extract_code
+from evaluator.record import Status, Verdict
 from tasks.spec import Task
 
 # Verdict fields kept in the dataset: enough to audit a row, without per-seed noise.
@@ -30,7 +33,7 @@ class FixitPair:
     level: int
     case_split: str          # always "train": held-out cases never reach a dataset
     error_class: str         # the failing kernel's verdict status
-    failure_kind: str        # its kind in the failure catalogue (data_gen/catalogue.py)
+    failure_kind: str        # its kind in the failure catalogue (data_gen/catalogue/kinds.py)
     failing_stage: str
     source: str              # mutation | model | replay | jaxbench
     origin: str              # bug operator, or the model whose attempt failed
@@ -69,3 +72,36 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
         origin=origin, repaired_by=repaired_by, context=context, messages=messages,
         failing_verdict=verdict_json(failing), repair_verdict=verdict_json(repaired), failing_code=failing_code,
         repair_code=repair_code)
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """What a run's prompts say besides the task: the hardware context and the TPU generation."""
+
+    context: str
+    generation: str
+
+
+def code_of(answer: str, task: Task | None = None) -> str | None:
+    """The answer's code as the evaluator extracts it for `task`, or None."""
+    try:
+        return extract_code(answer, task.entry_points if task else "kernel")
+    except ExtractionError:
+        return None
+
+
+def pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prompt: PromptSettings,
+                    failing_answer: str, failing: Verdict, reply: str, repaired: Verdict, repaired_by: str):
+    """A pair from a confirmed repair; the reply's prose (outside code) is the explanation."""
+    if failing.status == Status.GRADER_LIMIT:  # the grader could not run the attempt: no fault is confirmed
+        return None, Dropped(DropReason.GRADER_LIMIT, "the evaluator could not run the attempt, so no failure "
+                                                      "was confirmed")
+    explanation = prompts.strip_code(reply)
+    if not explanation:
+        return None, Dropped(DropReason.NO_EXPLANATION, "the repair came without one")
+    pair = build_pair(task, attempt_id=attempt_id, source=source, origin=origin, context=prompt.context,
+                      generation=prompt.generation, failing_answer=failing_answer,
+                      failing_code=code_of(failing_answer, task) or failing_answer, failing=failing,
+                      explanation=explanation, repair_code=extract_code(reply, task.entry_points),
+                      repaired=repaired, repaired_by=repaired_by)
+    return pair, None

@@ -3,7 +3,7 @@ journal, or the generated kernels of a JAXBench checkout.
 
 Each attempt is graded for its task on the train cases. A failure is repaired, in this order:
 1. by the repair the row brings, if any (`repair`, with its `explanation`);
-2. by the repair search (data_gen/repair_search.py): the failure catalogue's repairers, applied
+2. by the repair search (data_gen/repairs/repair_search.py): the failure catalogue's repairers, applied
    as each verdict directs and graded after each edit, within a budget of gradings;
 3. by a teacher model, when one is given: up to `--max-turns` turns with our feedback.
 A pair is kept only when its repair is graded correct on every train case. An answer cut off
@@ -21,12 +21,13 @@ from typing import Any
 
 from chat import prompts
 from chat.models import ChatModel
-from data_gen import repair_search
-from data_gen.catalogue import classify
-from data_gen.pairs import build_pair
-from data_gen.sources import (DropReason, Dropped, PromptSettings, SeededGrading, attempt_entry, code_of,
-                              pair_from_reply, repair_loop)
-from data_gen.text_rules import row_violations
+from data_gen.catalogue.kinds import classify
+from data_gen.repairs import repair_search
+from data_gen.rows.journal import Dropped, DropReason, attempt_entry
+from data_gen.rows.pairs import PromptSettings, build_pair, code_of, pair_from_reply
+from data_gen.rows.text_rules import row_violations
+from data_gen.sources.grading import SeededGrading
+from data_gen.sources.model import repair_loop
 from evaluator.record import Status
 from tasks import get_task
 from tasks.spec import Task

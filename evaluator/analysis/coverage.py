@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Iterable
 
-from evaluator.jaxpr_analysis import TraceSummary
+from evaluator.analysis.jaxpr_analysis import TraceSummary
 from tasks.spec import Case, Task
 
 # A dimension whose values in the task's cases are all multiples of this is "aligned": no

@@ -2,7 +2,7 @@
 
 Declared is not used: a scratch buffer nobody reads, a prefetched scalar nobody looks at, one
 tiny copy started and waited, a one-step axis marked parallel. Each rule below reads what the
-worker found in the kernel (PallasCallInfo: the body's dataflow, evaluator/kernel_dataflow.py,
+worker found in the kernel (PallasCallInfo: the body's dataflow, evaluator/analysis/kernel_dataflow.py,
 and at bench sizes the traffic model) and returns its evidence, which goes into the verdict.
 
 - vmem_scratch: a VMEM scratch buffer is written and read back, and what is read reaches an
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from evaluator.jaxpr_analysis import PallasCallInfo
+from evaluator.analysis.jaxpr_analysis import PallasCallInfo
 from tasks.spec import ArgSpec, np_dtype
 
 # The share of the ANY operands' bytes the kernel's own DMAs must move at bench sizes.

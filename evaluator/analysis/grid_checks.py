@@ -4,7 +4,7 @@ Bench sizes are traced and lowered but never run on a CPU, and check sizes are s
 kernel whose check cases fit in one block along an axis never shows an index map that is
 wrong only when that axis has several blocks (a transposed output map, an axis pinned to
 block 0). So the worker evaluates every block mapping's index map over the whole static grid
-(vectorised, like evaluator/traffic.py) and records what a TPU run would get wrong:
+(vectorised, like evaluator/analysis/traffic.py) and records what a TPU run would get wrong:
 
 - `out_of_range`: a block that starts past the end of its array (a ragged last block, which
   starts inside the array, is fine; interpret mode pads to whole blocks the same way). On a
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from evaluator.traffic import block_indices, reads_prefetched
+from evaluator.analysis.traffic import block_indices, reads_prefetched
 
 # Grids up to this many points are evaluated whole (about 0.5 s per block mapping at the
 # cap); larger ones are skipped and listed as unchecked.

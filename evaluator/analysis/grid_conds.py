@@ -1,6 +1,6 @@
 """Which branch of each `pl.when` / `lax.cond` in a kernel body runs at each grid step.
 
-A kernel's cost is its body's cost per grid step times the grid steps (evaluator/traffic.py).
+A kernel's cost is its body's cost per grid step times the grid steps (evaluator/analysis/traffic.py).
 A cond charged its dearest branch on every step lets a kernel claim work it never does: a
 matmul whose dot runs only under `pl.when((i == 0) & (j == 0))` was credited the whole
 task's FLOPs while doing 1/16 of them. Most predicates in honest kernels are functions of
@@ -8,9 +8,9 @@ the grid position alone (an accumulator's init at k == 0, its write-back at the 
 causal block skipping), so they can be evaluated. This module evaluates every cond index
 that depends only on program ids, num_programs, literals and constants at every grid point
 at once (the body's equations computed over arrays of grid points: _GridEvaluator), and the cost
-walker (evaluator/jaxpr_cost.py) charges each branch on the grid points where it is taken.
+walker (evaluator/analysis/jaxpr_cost.py) charges each branch on the grid points where it is taken.
 Inside a loop of known length (a `scan`, a `while` whose maximum trip count
-evaluator/intervals.py found), the loop counter is evaluated too, at every iteration (so
+evaluator/analysis/intervals.py found), the loop counter is evaluated too, at every iteration (so
 `pl.when(i + t == 0)` in a one-trip loop is no way around the rule), and an iteration past a
 while loop's end takes no branch. What is recorded per cond and branch is the share of
 (grid point, loop iteration) pairs on which the branch runs, the enclosing decided conds'
@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from evaluator.jaxpr_walk import is_closed_jaxpr, param_jaxprs
+from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, param_jaxprs
 
 # Above this many grid points (times the iterations of the loops around a cond, for its
 # loop counters) the predicates are not evaluated: the dearest branch counts.

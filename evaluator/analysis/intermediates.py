@@ -26,10 +26,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from evaluator.jaxpr_cost import (
-    DATA_MOVEMENT_PRIMITIVES, REDUCTION_PRIMITIVES, TRANSCENDENTAL_PRIMITIVES, aval_nbytes, trip_count,
-)
-from evaluator.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
+from evaluator.analysis.jaxpr_cost import (DATA_MOVEMENT_PRIMITIVES, REDUCTION_PRIMITIVES, TRANSCENDENTAL_PRIMITIVES,
+                                           aval_nbytes, trip_count)
+from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
 from tasks.spec import np_dtype
 
 MAX_REPORTED = 6  # the largest few of each kind reach the host; the rest is noise for feedback

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from evaluator.jaxpr_walk import is_closed_jaxpr, param_jaxprs
+from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, param_jaxprs
 
 INF = math.inf
 

@@ -11,17 +11,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from evaluator import intervals
-from evaluator import traffic as traffic_analysis
-from evaluator import trip_origin
-from evaluator.grid_checks import GridFinding, argument_regions, check_grid
-from evaluator.intermediates import Intermediate, OutsideMath
-from evaluator.intermediates import analyze as analyze_intermediates
-from evaluator.jaxpr_cost import Cost, walk
-from evaluator.jaxpr_walk import sub_jaxprs
-from evaluator.kernel_dataflow import RefUse, ref_uses
-from evaluator.parameter_work import without_parameter_work
-from evaluator.precision import low_precision_dots
+from evaluator.analysis import intervals, traffic as traffic_analysis, trip_origin
+from evaluator.analysis.grid_checks import GridFinding, argument_regions, check_grid
+from evaluator.analysis.intermediates import Intermediate, OutsideMath, analyze as analyze_intermediates
+from evaluator.analysis.jaxpr_cost import Cost, walk
+from evaluator.analysis.jaxpr_walk import sub_jaxprs
+from evaluator.analysis.kernel_dataflow import RefUse, ref_uses
+from evaluator.analysis.parameter_work import without_parameter_work
+from evaluator.analysis.precision import low_precision_dots
 
 
 @dataclass
@@ -46,18 +43,18 @@ class PallasCallInfo:
     vmem_limit_bytes: int | None
     kernel_primitives: list[str]
     # Per grid step, the mean over the grid: a pl.when decided by the grid position counts
-    # on the steps that take it (evaluator/grid_conds.py). Traffic analysis only.
+    # on the steps that take it (evaluator/analysis/grid_conds.py). Traffic analysis only.
     flops_per_step: float = 0.0
     f32_matmul_flops_per_step: float = 0.0  # of flops_per_step: matmuls on float32 operands
     dma_bytes_per_step: float = 0.0   # traffic analysis only
     # Memory accesses of the body per grid step, every loop iteration counted: what a run in
-    # interpret mode costs (evaluator/step_limits.py); at every size.
+    # interpret mode costs (evaluator/execution/step_limits.py); at every size.
     accesses_per_step: float = 0.0
     # A while loop in the body has no known maximum trip count and was counted once, so
     # flops_per_step and dma_bytes_per_step are lower bounds (traffic analysis only).
     data_dependent_trips: bool = False
     # What those unknown trip counts depend on when it is not only the task's bounded integer
-    # inputs ("float data", evaluator/trip_origin.py); '' otherwise. Only counts from those
+    # inputs ("float data", evaluator/analysis/trip_origin.py); '' otherwise. Only counts from those
     # inputs leave the work rules undecided (`undecided_trips`).
     unbounded_trips_from: str = ""
     runs: float = 1.0  # times the call runs: trip counts of the loops around it, outside kernels
@@ -67,19 +64,19 @@ class PallasCallInfo:
     scratch_use: list[RefUse] = field(default_factory=list)
     prefetch_use: list[RefUse] = field(default_factory=list)
     prefetch_index_maps: list[int] = field(default_factory=list)
-    # The index maps evaluated over the whole static grid (evaluator/grid_checks.py): blocks
+    # The index maps evaluated over the whole static grid (evaluator/analysis/grid_checks.py): blocks
     # out of range, output blocks never written, inputs not read in full; and what was not
     # checked, and why. Judged at bench sizes by the index-maps stage.
     grid_findings: list[GridFinding] = field(default_factory=list)
     grid_unchecked: list[str] = field(default_factory=list)
     # dot_generals of the body on int8/fp8 operands ("int8 x int8 -> int32"): below a float
-    # task's precision (evaluator/precision.py).
+    # task's precision (evaluator/analysis/precision.py).
     low_precision_dots: list[str] = field(default_factory=list)
 
     @property
     def races_possible(self) -> bool:
         """Whether interpret mode's race detector can find anything in this kernel: with one
-        core, only the body's own DMAs run beside it (evaluator/handlers.py, run)."""
+        core, only the body's own DMAs run beside it (evaluator/execution/handlers.py, run)."""
         return bool(RACE_PRIMITIVES & set(self.kernel_primitives))
 
     @property
@@ -114,7 +111,7 @@ class TraceSummary:
     outside: Cost  # everything outside pallas_calls
     out_shapes: list[tuple[list[int], str]]
     # Data passed kernel -> HBM -> kernel, and exp/log/reductions outside kernels, largest
-    # first (evaluator/intermediates.py): the structure stage weighs them against the case.
+    # first (evaluator/analysis/intermediates.py): the structure stage weighs them against the case.
     intermediates: list[Intermediate] = field(default_factory=list)
     outside_math: list[OutsideMath] = field(default_factory=list)
     parameter_eqns: int = 0  # equations on parameters alone, left out of `outside`
@@ -130,15 +127,15 @@ def summarize(closed_jaxpr: Any, traffic: bool = False,
               arg_bounds: Sequence[Sequence[int] | None] | None = None,
               first_parameter: int | None = None) -> TraceSummary:
     """Summarise a ClosedJaxpr from `jax.make_jaxpr`; `traffic` adds what each kernel moves
-    and computes (evaluator/traffic.py), for the performance model at bench sizes.
+    and computes (evaluator/analysis/traffic.py), for the performance model at bench sizes.
 
     `arg_bounds`, aligned with the jaxpr's invars (kernel()'s arguments), gives inclusive
     (lo, hi) bounds of integer inputs or None (`Task.arg_bounds(case)`). They reach each
     kernel's scalar-prefetch operands, so that loops whose trip count depends on that data
-    count at their maximum (evaluator/intervals.py); without them such loops count once.
+    count at their maximum (evaluator/analysis/intervals.py); without them such loops count once.
 
     `first_parameter`: kernel()'s arguments from this index on are the task's parameters;
-    work on them alone (weight folding) is left out of `outside` (evaluator/parameter_work.py)."""
+    work on them alone (weight folding) is left out of `outside` (evaluator/analysis/parameter_work.py)."""
     bounds = intervals.analyze_program(closed_jaxpr, arg_bounds)
     calls: list[tuple[Any, float]] = []
     outside_jaxpr, folded = without_parameter_work(closed_jaxpr.jaxpr, first_parameter)

@@ -1,13 +1,13 @@
 """What a jaxpr computes: FLOPs (matmul FLOPs apart), transcendentals, bytes, the bytes a
 kernel body copies by its own DMAs, and where a program runs heavy ops or host callbacks.
 
-The one cost walker of the project: the structure analysis (evaluator/jaxpr_analysis.py)
-runs it over the glue outside kernels, the traffic model (evaluator/traffic.py) over each
-kernel body, the reference cache (evaluator/reference.py) over whole references. Loops count
-their trip counts (a while loop its maximum, from evaluator/intervals.py, else once and
+The one cost walker of the project: the structure analysis (evaluator/analysis/jaxpr_analysis.py)
+runs it over the glue outside kernels, the traffic model (evaluator/analysis/traffic.py) over each
+kernel body, the reference cache (evaluator/truth/reference.py) over whole references. Loops count
+their trip counts (a while loop its maximum, from evaluator/analysis/intervals.py, else once and
 flagged), a cond its dearest branch, or in a kernel body, where its predicate depends on
 the grid position and loop counters alone, each branch on the grid steps (and iterations)
-that take it (evaluator/grid_conds.py).
+that take it (evaluator/analysis/grid_conds.py).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from evaluator import intervals
-from evaluator.grid_conds import GridConds
-from evaluator.jaxpr_walk import sub_jaxprs
+from evaluator.analysis import intervals
+from evaluator.analysis.grid_conds import GridConds
+from evaluator.analysis.jaxpr_walk import sub_jaxprs
 
 # Rationale: a matmul or convolution outside a kernel *is* the task for most of the suite,
 # whatever its size, so it is refused outright rather than weighed by cost.
@@ -43,7 +43,7 @@ DATA_MOVEMENT_PRIMITIVES = frozenset({
     "program_id", "num_programs",
 })
 # Inside kernels: the accesses TPU interpret mode serves with a host callback each, what its
-# run time follows (evaluator/step_limits.py).
+# run time follows (evaluator/execution/step_limits.py).
 MEMORY_ACCESS_PRIMITIVES = frozenset({
     "get", "swap", "load", "masked_load", "masked_swap", "addupdate", "dma_start", "dma_wait",
     "semaphore_signal", "semaphore_wait", "semaphore_read",
@@ -70,7 +70,7 @@ class Cost:
     transcendentals: float = 0.0
     bytes_accessed: float = 0.0
     # Of `flops`: matmuls and convolutions (MXU work), and those whose operands are float32,
-    # which the performance model runs at the f32 matmul rate (evaluator/hardware.py).
+    # which the performance model runs at the f32 matmul rate (evaluator/performance/hardware.py).
     matmul_flops: float = 0.0
     f32_matmul_flops: float = 0.0
     dma_bytes: float = 0.0  # inside kernels: bytes copied by the body's own DMAs
@@ -90,7 +90,7 @@ def walk(jaxpr: Any, trips: Mapping[int, int | None] | None = None, count_heavy:
     """The cost of an open jaxpr. `count_heavy=False` lists matmuls in `heavy_ops` instead of
     counting them (outside kernels they are refused, not weighed); `on_pallas_call(eqn,
     runs)` receives each pallas_call with the number of times it runs (not walked into).
-    `grid_conds` (a kernel body's, evaluator/grid_conds.py): the conds whose branch is known
+    `grid_conds` (a kernel body's, evaluator/analysis/grid_conds.py): the conds whose branch is known
     at every grid point charge each branch on the share of grid points taking it, so the cost
     is the mean over grid steps."""
     cost = Cost()
@@ -140,7 +140,7 @@ def conv_flops(eqn: Any) -> float:
 
 def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple[float, bool]:
     """(times the sub-jaxprs of eqn run, whether that is known). A scan runs `length` times;
-    a while loop its maximum trip count from `trips` (evaluator/intervals.py), else once,
+    a while loop its maximum trip count from `trips` (evaluator/analysis/intervals.py), else once,
     unknown; anything else (cond, calls) once."""
     if eqn.primitive.name == "scan":
         return float(eqn.params.get("length", 1)), True

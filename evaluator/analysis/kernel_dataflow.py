@@ -1,6 +1,6 @@
 """What a kernel body does with its refs: which are written and read, and where values read
 from them flow. The evidence behind the `vmem_scratch` and `scalar_prefetch` requirements
-(evaluator/features.py): declared is not used.
+(evaluator/analysis/features.py): declared is not used.
 
 A kernel body is a jaxpr whose inputs are refs (prefetched scalars, inputs, outputs, scratch).
 Refs and values travel into nested jaxprs (pl.when's cond, fori_loop's while or scan,
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from evaluator.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
+from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
 
 # Primitives that read a ref's contents into a value, and that write a value into a ref
 # (their first operand is the ref).
@@ -72,7 +72,7 @@ def _flatten(jaxpr: Any, aliases: Aliases) -> Iterator[Any]:
 
 def bind_sub_jaxprs(eqn: Any, aliases: Aliases) -> list[Any]:
     """The jaxprs nested in `eqn`, their inputs and outputs joined with the operands and
-    results they bind (also used by evaluator/live_work.py)."""
+    results they bind (also used by evaluator/analysis/live_work.py)."""
     name, params = eqn.primitive.name, eqn.params
     subs = list(sub_jaxprs(eqn))
     if name == "cond":

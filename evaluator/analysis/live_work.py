@@ -1,10 +1,10 @@
 """Which equations of a kernel body do work that reaches its outputs, and how much.
 
-Provenance (evaluator/provenance.py) asks whose code does a kernel's work. Counting equations
+Provenance (evaluator/analysis/provenance.py) asks whose code does a kernel's work. Counting equations
 answers a different question: forty dead scalar equations of our own around one call to a
 library's kernel body outnumber the library's few dozen. So the body is first cut down to what
 reaches its outputs (dead-code elimination), then each equation left is weighed by its cost
-(evaluator/jaxpr_cost.py: dot FLOPs, transcendentals, one per vector element); scalar
+(evaluator/analysis/jaxpr_cost.py: dot FLOPs, transcendentals, one per vector element); scalar
 bookkeeping (index arithmetic, loop counters) weighs nothing.
 
 Liveness runs backwards over the flattened body (kernel_dataflow: refs and values bound into
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Iterator
 
-from evaluator.jaxpr_cost import trip_count, walk
-from evaluator.jaxpr_walk import sub_jaxprs
-from evaluator.kernel_dataflow import READS, WRITES, Aliases, bind_sub_jaxprs, is_ref, is_var
+from evaluator.analysis.jaxpr_cost import trip_count, walk
+from evaluator.analysis.jaxpr_walk import sub_jaxprs
+from evaluator.analysis.kernel_dataflow import READS, WRITES, Aliases, bind_sub_jaxprs, is_ref, is_var
 
 
 @dataclass

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
-from evaluator.jaxpr_cost import HEAVY_PRIMITIVES, REDUCTION_PRIMITIVES, TRANSCENDENTAL_PRIMITIVES
+from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary
+from evaluator.analysis.jaxpr_cost import HEAVY_PRIMITIVES, REDUCTION_PRIMITIVES, TRANSCENDENTAL_PRIMITIVES
 
 WORK_PRIMITIVES = HEAVY_PRIMITIVES | REDUCTION_PRIMITIVES | TRANSCENDENTAL_PRIMITIVES
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from jax.extend import core as jcore
 
-from evaluator.jaxpr_cost import CALLBACK_PRIMITIVES
-from evaluator.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
+from evaluator.analysis.jaxpr_cost import CALLBACK_PRIMITIVES
+from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
 
 # Calls whose body is a function of their operands: walked with the operands' parameter-ness.
 _CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from evaluator.jaxpr_walk import sub_jaxprs
+from evaluator.analysis.jaxpr_walk import sub_jaxprs
 
 # Operand dtypes below any float task's precision (names as jax prints them).
 LOW_PRECISION_PREFIXES: tuple[str, ...] = ("int8", "uint8", "int4", "uint4", "int2", "uint2",

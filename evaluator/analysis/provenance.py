@@ -8,7 +8,7 @@ is the Pallas twin of calling cuBLAS. Two facts in the traced program tell them 
   three-line body in the candidate that calls a library's kernel function still shows the
   library's file as the innermost frame that is not jax's own machinery.
 The body's share is weighed by work, not counted in equations: only what reaches the outputs,
-at its cost (evaluator/live_work.py), so dead padding of our own cannot outvote the library.
+at its cost (evaluator/analysis/live_work.py), so dead padding of our own cannot outvote the library.
 Honest wrappers (functools.partial, functools.wraps, closures) keep the candidate's file in
 both places. Runs in the worker, on the jaxpr it traced; returns plain data.
 """
@@ -20,9 +20,9 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from evaluator.errors import CANDIDATE_FILENAME
-from evaluator.jaxpr_walk import sub_jaxprs
-from evaluator.live_work import live_work
+from evaluator.analysis.jaxpr_walk import sub_jaxprs
+from evaluator.analysis.live_work import live_work
+from evaluator.candidate.errors import CANDIDATE_FILENAME
 
 # Library kernels inside jax: not machinery, someone's finished kernel.
 _JAX_KERNEL_LIBRARY = os.sep + os.path.join("jax", "experimental", "pallas", "ops") + os.sep
@@ -38,7 +38,7 @@ class KernelOrigin:
     own_equations: int  # body equations emitted by the candidate's code
     library_equations: dict[str, int] = field(default_factory=dict)  # library file -> equations
     interpret: str | None = None  # the interpret= it was traced with, when truthy
-    # The work of the equations that reach the outputs (evaluator/live_work.py): FLOPs and
+    # The work of the equations that reach the outputs (evaluator/analysis/live_work.py): FLOPs and
     # transcendentals per grid step, and the bytes they touch, the candidate's and each library's.
     own_work: float = 0.0
     library_work: dict[str, float] = field(default_factory=dict)
@@ -163,8 +163,7 @@ def _module_root(name: str) -> str:
 def _framework_roots() -> tuple[str, ...]:
     """jax and the libraries it is built on, and our own evaluator (checked before packages:
     site-packages may lie inside the standard library's folder)."""
-    roots = [_module_root(name) for name in ("jax", "jaxlib", "numpy", "ml_dtypes")]
-    return (*roots, os.path.realpath(os.path.dirname(__file__)) + os.sep)
+    return tuple(_module_root(name) for name in ("jax", "jaxlib", "numpy", "ml_dtypes", "evaluator"))
 
 
 def _package_roots() -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """What a pallas_call moves between HBM and VMEM, and computes, as its pipeline runs.
 
-Used by the static performance model (evaluator/perf_model.py). The Pallas TPU pipeline
+Used by the static performance model (evaluator/performance/perf_model.py). The Pallas TPU pipeline
 copies an input block in when its block index differs from the previous grid step's, and
 writes an output block back when its index is about to change (and at the end); so the
 traffic of a blocked operand is (1 + number of index changes along the grid) x block bytes.
@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from evaluator.grid_conds import grid_cond_branches
-from evaluator.jaxpr_cost import Cost, walk
+from evaluator.analysis.grid_conds import grid_cond_branches
+from evaluator.analysis.jaxpr_cost import Cost, walk
 
 MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead of evaluating
 
@@ -78,9 +78,9 @@ def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | No
     over the steps of `grid` (when it is static).
 
     Matmuls count 2 x output x contraction, other arithmetic one per element; loops count
-    their trip count (a while loop its maximum from `trips`, evaluator/intervals.py, else
+    their trip count (a while loop its maximum from `trips`, evaluator/analysis/intervals.py, else
     once and flagged). A pl.when whose predicate depends on the grid position (and loop
-    counters) alone counts on the steps that take it (evaluator/grid_conds.py), any other
+    counters) alone counts on the steps that take it (evaluator/analysis/grid_conds.py), any other
     its dearer branch. A DMA moves its destination's bytes as indexed (a slot of a VMEM
     buffer filled from a slice of an HBM array).
     """

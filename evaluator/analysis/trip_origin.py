@@ -1,6 +1,6 @@
 """Where the trip count of a loop the cost model cannot bound comes from.
 
-A kernel loop whose maximum trip count evaluator/intervals.py cannot derive counts once, so
+A kernel loop whose maximum trip count evaluator/analysis/intervals.py cannot derive counts once, so
 the kernel's FLOPs are a lower bound, and the work rules (stages._missing_work and
 stages.estimate_stage) stand aside: the count is undecided. That is right for a loop over a
 task's integer inputs (a sequence length, group sizes: `Task.int_bounds`), which the task
@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from evaluator.jaxpr_walk import is_closed_jaxpr, param_jaxprs
+from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, param_jaxprs
 
 FLOAT = 1      # float (or complex) inputs of kernel()
 INT_INPUT = 2  # integer inputs whose bounds the task declares (Task.int_bounds)

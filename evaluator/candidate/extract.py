@@ -5,7 +5,7 @@ import ast
 import re
 from collections.abc import Sequence
 
-from evaluator.policy import parse_module
+from evaluator.candidate.policy import parse_module
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
 _PYTHON_TAGS = {"", "python", "py", "python3"}

@@ -20,7 +20,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from evaluator.policy import parse_module
+from evaluator.candidate.policy import parse_module
 
 _BLOCK_NAME = re.compile(r"^_*(block|blk|tile|chunk|b[mnkdhqv]|t[mnk])(_|\d|$)"
                          r"|_(block|blk|tile|chunk)s?(_|$)", re.IGNORECASE)

@@ -1,6 +1,6 @@
-"""The worker's request handlers: one function per request type of evaluator/protocol.py.
+"""The worker's request handlers: one function per request type of evaluator/execution/protocol.py.
 
-They run in the worker process (evaluator/worker.py) on the candidate's code, one candidate
+They run in the worker process (evaluator/execution/worker.py) on the candidate's code, one candidate
 at a time; each takes the worker's state, the request and its arrays, and returns a reply
 and arrays. They never see the reference or the expected outputs: the host compares.
 """
@@ -14,12 +14,11 @@ import time
 import types
 from typing import Any, Callable
 
-from evaluator import jax_hooks
-from evaluator.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
-from evaluator.program import INTERPRET_COMPILE_OPTIONS
-from evaluator.protocol import (Call, CaseSpec, Compile, Compiled, Done, Failed, Load, Lower,
-                                Ping, Pong, Ran, Reset, Returned, Run, SeedResult, Time, Timed,
-                                Trace, Traced, TracedCase)
+from evaluator.candidate.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
+from evaluator.execution import jax_hooks
+from evaluator.execution.program import INTERPRET_COMPILE_OPTIONS
+from evaluator.execution.protocol import (Call, CaseSpec, Compile, Compiled, Done, Failed, Load, Lower, Ping, Pong, Ran,
+                                          Reset, Returned, Run, SeedResult, Time, Timed, Trace, Traced, TracedCase)
 
 # Candidates are registered in sys.modules as candidate_1, candidate_2, ... for their lifetime.
 CANDIDATE_MODULE_PREFIX = "candidate_"
@@ -33,7 +32,7 @@ class WorkerState:
     module: types.ModuleType | None = None
     source_lines: list[str] = dataclasses.field(default_factory=list)
     # Each case's program, traced once by `trace`; every later step runs this, never the
-    # candidate's Python again (evaluator/program.py).
+    # candidate's Python again (evaluator/execution/program.py).
     programs: dict[str, Any] = dataclasses.field(default_factory=dict)
     runners: dict[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     topologies: dict[str, Any] = dataclasses.field(default_factory=dict)  # kept across candidates
@@ -86,9 +85,9 @@ def _specs(case: CaseSpec, sharding: Any = None) -> list:
 def trace(state: WorkerState, request: Trace, arrays: list) -> tuple[Any, list]:
     """Trace kernel() once per case (cheap, so bench sizes too) and keep the program: what
     the host judges here is what every later step lowers, compiles, runs and times."""
-    from evaluator.jaxpr_analysis import summarize
-    from evaluator.program import TracedProgram
-    from evaluator.provenance import kernel_origins
+    from evaluator.analysis.jaxpr_analysis import summarize
+    from evaluator.analysis.provenance import kernel_origins
+    from evaluator.execution.program import TracedProgram
 
     traced = []
     for case in request.cases:
@@ -108,7 +107,7 @@ def _replayed(state: WorkerState, case_name: str, interpret: Any = None,
               tpu_numerics: bool = False) -> Callable[..., Any]:
     import jax
 
-    from evaluator.program import replay
+    from evaluator.execution.program import replay
 
     if case_name not in state.programs:
         raise KeyError(f"case {case_name!r} was not traced before it was used")

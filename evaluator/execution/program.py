@@ -23,10 +23,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 from jax import lax
-from jax.extend import core as jcore
-from jax.extend import source_info_util
+from jax.extend import core as jcore, source_info_util
 
-from evaluator.jaxpr_walk import is_closed_jaxpr, is_jaxpr, sub_jaxprs
+from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, is_jaxpr, sub_jaxprs
 
 # Call-like primitives whose body is inlined; the parameter that holds it. (jax.checkpoint is
 # "remat2" in jax 0.10.) custom_partitioning's callbacks only split a program over several

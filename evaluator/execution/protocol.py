@@ -1,9 +1,9 @@
 """The host-worker contract: one dataclass per request and per reply, and their codec.
 
-The host (evaluator/stages.py, via evaluator/sandbox.py) sends a request and gets its reply
-or a `Failed`; the worker (evaluator/handlers.py) reads the same classes. On the wire each
+The host (evaluator/stages.py, via evaluator/execution/sandbox.py) sends a request and gets its reply
+or a `Failed`; the worker (evaluator/execution/handlers.py) reads the same classes. On the wire each
 message is a JSON header `{"type": <class name>, ...fields}` plus raw arrays
-(evaluator/wire.py): decoding builds only these dataclasses and plain values, never objects
+(evaluator/execution/wire.py): decoding builds only these dataclasses and plain values, never objects
 named by the peer, so a worker running untrusted code cannot make the host execute anything.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from evaluator.jaxpr_analysis import TraceSummary
-from evaluator.provenance import KernelOrigin
-from evaluator.wire import ProtocolError
+from evaluator.analysis.jaxpr_analysis import TraceSummary
+from evaluator.analysis.provenance import KernelOrigin
+from evaluator.execution.wire import ProtocolError
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Compile:
     case: CaseSpec
 
 
-# Where interpret mode's race detector runs (evaluator/handlers.py, run): "full" on every seed
+# Where interpret mode's race detector runs (evaluator/execution/handlers.py, run): "full" on every seed
 # of every case; "auto" on the first seed of a case whose kernels start DMAs (nothing else can
 # race), and on its other seeds too unless dropping it is cheaper than the compile it costs;
 # "cheap" never after the first seed.
@@ -156,7 +156,7 @@ class TracedCase:
     summary: TraceSummary
     origins: list[KernelOrigin]
     # Primitives around a pallas_call that the interpret-mode replay cannot rebuild yet
-    # (evaluator/program.py: TracedProgram.replay_limits); empty for most programs.
+    # (evaluator/execution/program.py: TracedProgram.replay_limits); empty for most programs.
     replay_limits: list[str] = field(default_factory=list)
 
 

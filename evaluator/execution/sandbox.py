@@ -23,10 +23,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from evaluator import protocol, wire
-from evaluator.backends import Backend
+from evaluator.execution import protocol, wire
+from evaluator.execution.backends import Backend
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Only these survive into a worker's environment: no tokens, keys or proxies.
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
@@ -34,7 +34,7 @@ _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_S
 @dataclass(frozen=True)
 class Limits:
     step_timeout_s: float = 120.0    # one request (load, trace, lower), the base of a case's run
-    run_ceiling_s: float = 900.0     # the most a case's run may be granted (evaluator/step_limits.py)
+    run_ceiling_s: float = 900.0     # the most a case's run may be granted (evaluator/execution/step_limits.py)
     compile_timeout_s: float = 300.0  # one libtpu compile (tpu-compile); over-sized VMEM fails slowly
     startup_timeout_s: float = 90.0  # importing JAX in a new worker
     memory_gb: float = 8.0           # address space of a worker
@@ -82,7 +82,7 @@ class Worker:
             env.update(TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v5litepod-4",
                        TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0",
                        ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-        cmd = [sys.executable, "-m", "evaluator.worker", "--platform", self.backend.platform,
+        cmd = [sys.executable, "-m", "evaluator.execution.worker", "--platform", self.backend.platform,
                "--memory-gb", str(self.limits.memory_gb), "--read-only", str(PROJECT_ROOT)]
         if self.backend.interpret:
             cmd.append("--interpret")
@@ -134,7 +134,7 @@ class Worker:
     # -- requests -----------------------------------------------------------------------
     def call(self, request: protocol.Request, arrays: list[np.ndarray] = (),
              timeout_s: float | None = None, what: str = "") -> tuple[protocol.Reply, list[np.ndarray]]:
-        """Send a request (evaluator/protocol.py); its reply, or `Failed` when the candidate's
+        """Send a request (evaluator/execution/protocol.py); its reply, or `Failed` when the candidate's
         code failed. Raises WorkerError if the worker hangs or dies, EvaluatorBug if our own
         code failed in it."""
         what = what or type(request).__name__.lower()

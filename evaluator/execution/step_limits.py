@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evaluator.jaxpr_analysis import TraceSummary
+from evaluator.analysis.jaxpr_analysis import TraceSummary
 
 GRID_STEP_S = 3.5e-3  # interpret mode's cost of one grid step, before any access
 ACCESS_S = 1.7e-3     # one memory access of the kernel body with the race detector on

@@ -2,7 +2,7 @@
 
 No pickle in either direction: the worker runs untrusted code, so what it sends back must
 be data the host can decode without executing anything. What the headers mean (the typed
-requests and replies) is evaluator/protocol.py.
+requests and replies) is evaluator/execution/protocol.py.
 """
 from __future__ import annotations
 

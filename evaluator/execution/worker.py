@@ -1,8 +1,8 @@
 """The worker process: runs untrusted candidate code on request, one candidate at a time.
 
-Started by evaluator/sandbox.py as `python -m evaluator.worker`. It isolates itself
-(evaluator/isolation.py), imports JAX once, hooks what it needs in jax (evaluator/jax_hooks.py)
-and then serves typed requests (evaluator/protocol.py) with evaluator/handlers.py over its
+Started by evaluator/execution/sandbox.py as `python -m evaluator.execution.worker`. It isolates itself
+(evaluator/execution/isolation.py), imports JAX once, hooks what it needs in jax (evaluator/execution/jax_hooks.py)
+and then serves typed requests (evaluator/execution/protocol.py) with evaluator/execution/handlers.py over its
 stdin/stdout pipes, so many candidates share one start-up. Anything the candidate prints goes
 to the worker's log, not the pipe.
 """
@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 
-from evaluator import isolation, jax_hooks
+from evaluator.execution import isolation, jax_hooks
 
 # How often the worker checks that its host is still there (see watch_host).
 HOST_CHECK_S = 0.5
@@ -52,8 +52,8 @@ def main() -> None:
     import jax
     import numpy as np  # noqa: F401  (warm imports before "ready")
 
-    from evaluator import handlers, protocol, wire
-    from evaluator.errors import describe_exception
+    from evaluator.candidate.errors import describe_exception
+    from evaluator.execution import handlers, protocol, wire
 
     if args.platform == "cpu":
         jax.config.update("jax_platforms", "cpu")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evaluator.jaxpr_analysis import BlockInfo, PallasCallInfo
+from evaluator.analysis.jaxpr_analysis import BlockInfo, PallasCallInfo
 from tasks.spec import np_dtype
 
 MiB = 1 << 20

@@ -1,7 +1,7 @@
 """A static performance model for Pallas TPU kernels: an estimate, not a measurement.
 
-From the kernel's grid, block specs and dtypes (evaluator/traffic.py) and a generation's
-published figures (evaluator/hardware.py) it estimates HBM bytes moved, FLOPs, arithmetic
+From the kernel's grid, block specs and dtypes (evaluator/analysis/traffic.py) and a generation's
+published figures (evaluator/performance/hardware.py) it estimates HBM bytes moved, FLOPs, arithmetic
 intensity and a roofline time, and sets them against an *ideal* kernel for the same case:
 each input read once, each output written once, the reference's FLOPs. Assumptions, in
 docs/performance-model.md: one roofline per pallas_call (time = max(compute time,
@@ -9,16 +9,16 @@ bytes / bandwidth)) plus a fixed cost per grid step, kernels run one after anoth
 outside kernels costs its bytes, matmuls on float32 operands run at a share of the bf16 peak
 and everything else at the bf16 peak, blocks whose index maps read prefetched scalars are
 charged a fetch on every grid step, a manual DMA moves its (indexed) destination's bytes, a
-loop whose trip count depends on data runs its maximum number of times (evaluator/intervals.py).
+loop whose trip count depends on data runs its maximum number of times (evaluator/analysis/intervals.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from evaluator.hardware import GRID_STEP_S, TpuGeneration
-from evaluator.jaxpr_analysis import PallasCallInfo, TraceSummary
-from evaluator.jaxpr_cost import Cost
+from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary
+from evaluator.analysis.jaxpr_cost import Cost
+from evaluator.performance.hardware import GRID_STEP_S, TpuGeneration
 from tasks.spec import ArgSpec, np_dtype
 
 
@@ -94,7 +94,7 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,
              args: list[ArgSpec], outs: list[ArgSpec], necessary_flops_share: float = 1.0
              ) -> PerfEstimate:
-    """`reference`: the reference's cost (evaluator/reference.py) whose FLOPs and matmul FLOPs
+    """`reference`: the reference's cost (evaluator/truth/reference.py) whose FLOPs and matmul FLOPs
     the ideal kernel does, its matmuls at the f32 rate when the first argument is f32.
     `necessary_flops_share` (Task.necessary_flops_share) scales the FLOPs of the floor."""
     kernels = [kernel_estimate(c, gen) for c in summary.pallas_calls]

@@ -16,7 +16,7 @@ import numpy as np
 from tasks.spec import Case, Task
 
 if TYPE_CHECKING:
-    from evaluator.jaxpr_cost import Cost
+    from evaluator.analysis.jaxpr_cost import Cost
 
 
 def _jax():
@@ -142,7 +142,7 @@ class ReferenceCache:
     def cost(self, task: Task, case: Case) -> Cost:
         """What the reference computes at a case (FLOPs, of which matmul FLOPs), traced on
         float32-upcast inputs like the outputs."""
-        from evaluator.jaxpr_cost import total_cost
+        from evaluator.analysis.jaxpr_cost import total_cost
 
         if task.external is not None:
             return task.external.cost(case)
@@ -161,7 +161,7 @@ class ReferenceCache:
     def _reference_fn(self, task: Task, tpu_dots: bool | None) -> Any:
         """The jitted reference; with `tpu_dots` its dots rounded as a TPU rounds them, and
         with None a function of both: (exact outputs, TPU-rounded outputs)."""
-        from evaluator.program import REFERENCE_COMPILE_OPTIONS, with_tpu_dots
+        from evaluator.execution.program import REFERENCE_COMPILE_OPTIONS, with_tpu_dots
 
         key = (*_identity(task), tpu_dots)
         with self._lock:

@@ -5,7 +5,7 @@ xn @ w1 whose [M, F] float32 result goes to HBM; gelu_tanh runs in XLA on it (el
 glue, a few FLOPs per hidden unit); kernel 3 is the same matmul h @ w2, and XLA adds the
 residual. Slower than the fused solution (the hidden layer makes a round trip through HBM),
 but an ordinary design: the grader must accept it. Its [M, F] float32 intermediate is at
-most 0.9x the case's inputs and outputs (evaluator/intermediates.py refuses over 2x).
+most 0.9x the case's inputs and outputs (evaluator/analysis/intermediates.py refuses over 2x).
 """
 import math
 

@@ -2,7 +2,7 @@
 grid index, `(i, 0)`. Every check case has one K block, so the run is right; at the bench
 size (K = 4096, eight blocks of 512) each step multiplies the first K block of x again and
 x's other columns are never read. Only evaluating the index map over the whole bench grid
-sees it (evaluator/grid_checks.py).
+sees it (evaluator/analysis/grid_checks.py).
 task: matmul  expect: wrong_output"""
 import jax
 import jax.numpy as jnp

@@ -2,7 +2,7 @@
 N axis to block 0, `(i, 0)`. Every check case has one N block, so the run is right; at the
 bench size (4096 x 4096, four N blocks of 1024) each step overwrites column block 0 and the
 other three are never written: they hold whatever memory held. Only evaluating the index map
-over the whole bench grid sees it (evaluator/grid_checks.py).
+over the whole bench grid sees it (evaluator/analysis/grid_checks.py).
 task: matmul  expect: wrong_output"""
 import jax
 import jax.numpy as jnp

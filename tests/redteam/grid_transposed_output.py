@@ -2,7 +2,7 @@
 the grid indices, `(j, i)` for `(i, j)`. Every check case fits in one (M, N) block, so the
 map returns (0, 0) and the run is right; at the bench size (4096 x 2048 output, 8 x 2 blocks)
 it writes row blocks to column positions past the array's end. Only evaluating the index
-map over the whole bench grid sees it (evaluator/grid_checks.py).
+map over the whole bench grid sees it (evaluator/analysis/grid_checks.py).
 task: softmax_matmul  expect: runtime_error"""
 import functools
 

@@ -2,7 +2,7 @@
 K chunk inside the kernel (a scale per row of x and per column of y in each chunk, f32),
 multiplies the int8 blocks on the MXU with int32 accumulation and rescales. Per-chunk scales
 keep its relative L2 error near 9e-3, under the old f32 bound of 1e-2 (an honest kernel:
-2.4e-3); a float task's kernel may not multiply int8 operands (evaluator/precision.py).
+2.4e-3); a float task's kernel may not multiply int8 operands (evaluator/analysis/precision.py).
 task: matmul  expect: policy_violation"""
 import jax
 import jax.numpy as jnp
