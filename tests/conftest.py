@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,17 @@ def require_module(name: str, install: str) -> None:
 
 def read_candidate(name: str) -> str:
     return (CANDIDATES / f"{name}.py").read_text()
+
+
+# A test kernel says which task it is for and the status it must get: `task: NAME  expect: STATUS`,
+# at the end of its docstring (tests/redteam/) or on its last line (tests/candidates/).
+EXPECTATION = re.compile(r"task:\s*(\w+)\s+expect:\s*(\w+)")
+
+
+def expectation(path: Path) -> tuple[str, str] | None:
+    """(task, expected status) a test kernel declares, or None."""
+    found = EXPECTATION.search(path.read_text())
+    return (found.group(1), found.group(2)) if found else None
 
 
 @pytest.fixture(scope="session")

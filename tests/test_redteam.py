@@ -2,19 +2,17 @@
 
 Each file's docstring names the cheat and ends with `task: NAME  expect: STATUS`.
 """
-import re
-
 import pytest
 
-from tests.conftest import TESTS
+from tests.conftest import TESTS, expectation
 
 REDTEAM = sorted((TESTS / "redteam").glob("*.py"))
 
 
 def _expectation(path):
-    match = re.search(r"task:\s*(\w+)\s+expect:\s*(\w+)", path.read_text())
-    assert match, f"{path.name} has no 'task: ... expect: ...' line"
-    return match.group(1), match.group(2)
+    found = expectation(path)
+    assert found, f"{path.name} has no 'task: ... expect: ...' line"
+    return found
 
 
 def test_corpus_is_large_enough():

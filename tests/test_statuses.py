@@ -1,6 +1,5 @@
 """Every failure status, produced by a real broken candidate (tests/candidates/)."""
 import json
-import re
 
 import pytest
 
@@ -8,20 +7,14 @@ from data_gen.rows.explanations import observed_facts
 from evaluator.performance.hardware import MiB
 from evaluator.record import STATUSES, Status, Verdict
 from evaluator.stages import Failure
-from tests.conftest import CANDIDATES, read_candidate
+from tests.conftest import CANDIDATES, expectation, read_candidate
+
 
 # Each broken candidate of tests/candidates/ that stands for a status says which, and on which
-# task, on its last line: `# expect: wrong_output on matmul`. A new status needs one such file.
-EXPECT = re.compile(r"^# expect: (\w+) on (\w+)$", re.M)
-
-
+# task, on its last line (`# task: matmul  expect: wrong_output`). A new status needs one such file.
 def _expected() -> list[tuple[str, str, str]]:
     """(candidate file, task, expected status) for every candidate that says what it expects."""
-    found = []
-    for path in sorted(CANDIDATES.glob("*.py")):
-        if expect := EXPECT.search(path.read_text()):
-            found.append((path.stem, expect.group(2), expect.group(1)))
-    return found
+    return [(path.stem, *found) for path in sorted(CANDIDATES.glob("*.py")) if (found := expectation(path))]
 
 
 CASES = [case for case in _expected() if case[2] != "timeout"]

@@ -11,4 +11,4 @@ def mm_kernel(x_ref, y_ref, o_ref):
 def kernel(x, y):
     m, n = x.shape[0], y.shape[1]
     return pl.pallas_call(mm_kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype))(x, y)
-# expect: compile_error on matmul
+# task: matmul  expect: compile_error

@@ -36,4 +36,4 @@ def kernel(x):
     out = jax.lax.custom_linear_solve(lambda v: v, flat, lambda matvec, b: _softmax_2d(b),
                                       symmetric=True)
     return out.reshape(x.shape)
-# expect: grader_limit on softmax
+# task: softmax  expect: grader_limit

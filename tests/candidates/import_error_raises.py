@@ -6,4 +6,4 @@ BLOCK = pl.BlockSpecification((8, 128))
 
 def kernel(x):
     return x
-# expect: import_error on softmax
+# task: softmax  expect: import_error

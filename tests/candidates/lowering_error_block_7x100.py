@@ -18,4 +18,4 @@ def kernel(x, y):
         out_specs=pl.BlockSpec((7, 100), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
     )(x, y)
-# expect: lowering_error on matmul
+# task: matmul  expect: lowering_error

@@ -33,4 +33,4 @@ def kernel(lhs, rhs, group_sizes):
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
     )(starts, ends, lhs, rhs)
     return out.astype(lhs.dtype)
-# expect: missing_feature on grouped_matmul
+# task: grouped_matmul  expect: missing_feature

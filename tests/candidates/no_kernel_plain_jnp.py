@@ -4,4 +4,4 @@ import jax
 
 def kernel(x):
     return jax.nn.softmax(x.astype("float32"), axis=-1).astype(x.dtype)
-# expect: no_kernel on softmax
+# task: softmax  expect: no_kernel

@@ -6,4 +6,4 @@ import jax.numpy as jnp
 
 def kernel(x):
     return jnp.asarray(float(os.environ.get("X", 0))) + x
-# expect: policy_violation on softmax
+# task: softmax  expect: policy_violation

@@ -33,4 +33,4 @@ def kernel(x):
         scratch_shapes=[pltpu.VMEM((ROWS, d), x.dtype), pltpu.SemaphoreType.DMA(())],
     )(flat)
     return out.reshape(x.shape)
-# expect: runtime_error on softmax
+# task: softmax  expect: runtime_error

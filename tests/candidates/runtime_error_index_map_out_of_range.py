@@ -19,4 +19,4 @@ def kernel(x, y):
         out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
     )(x, y)
-# expect: runtime_error on matmul
+# task: matmul  expect: runtime_error

@@ -20,4 +20,4 @@ def kernel(x, y):
         out_shape=[jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((1 << 34,), jnp.float32)],
     )(x, y)
     return out
-# expect: runtime_error on matmul
+# task: matmul  expect: runtime_error

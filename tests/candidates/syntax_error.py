@@ -1,4 +1,4 @@
 """A truncated answer: the def line never closes."""
 def kernel(x:
     return x
-# expect: syntax_error on softmax
+# task: softmax  expect: syntax_error

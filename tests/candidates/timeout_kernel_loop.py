@@ -27,4 +27,4 @@ def kernel(x, y):
         out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
     )(x, y)
-# expect: timeout on matmul
+# task: matmul  expect: timeout

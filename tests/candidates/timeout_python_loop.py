@@ -12,4 +12,4 @@ def kernel(x, y):
     while n >= 0:
         n += 1
     return pl.pallas_call(copy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
-# expect: timeout on matmul
+# task: matmul  expect: timeout

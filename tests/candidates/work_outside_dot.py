@@ -11,4 +11,4 @@ def copy_kernel(r_ref, o_ref):
 def kernel(x, y):
     r = jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype)
     return pl.pallas_call(copy_kernel, out_shape=jax.ShapeDtypeStruct(r.shape, r.dtype))(r)
-# expect: work_outside_kernel on matmul
+# task: matmul  expect: work_outside_kernel

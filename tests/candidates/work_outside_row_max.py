@@ -14,4 +14,4 @@ def kernel(x):
     e = jnp.exp(xf - jnp.max(xf, axis=-1, keepdims=True))
     out = pl.pallas_call(norm_kernel, out_shape=jax.ShapeDtypeStruct(e.shape, x.dtype))(e)
     return out
-# expect: work_outside_kernel on softmax
+# task: softmax  expect: work_outside_kernel

@@ -20,4 +20,4 @@ def kernel(x, y):
         out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
     )(x, y)
-# expect: work_outside_kernel on matmul
+# task: matmul  expect: work_outside_kernel

@@ -27,4 +27,4 @@ def kernel(x, y):
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
     )(x, y)
-# expect: wrong_output on matmul
+# task: matmul  expect: wrong_output

@@ -19,4 +19,4 @@ def kernel(x, y):
         out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
     )(x, y)
-# expect: wrong_shape on matmul
+# task: matmul  expect: wrong_shape
