@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-# A baseline run (measure_at) may run this file on an older tree: that tree is what it imports.
-ROOT = Path(os.environ.get("GRADING_TIME_ROOT") or Path(__file__).resolve().parent.parent)
+import baseline  # benchmarks/baseline.py: this file's directory is on the path when it runs
+
+# A baseline run may run this file on an older tree: that tree is what it imports.
+ROOT = baseline.root(__file__)
 sys.path.insert(0, str(ROOT))
 
 
@@ -45,23 +44,8 @@ def measure(split: str, names: list[str] | None, seed: int) -> dict[str, dict]:
 
 def measure_at(rev: str, args: argparse.Namespace) -> dict[str, dict]:
     """The same measurement on a worktree of `rev`, in its own process (its own imports)."""
-    with tempfile.TemporaryDirectory(prefix="grading-time-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev],
-                       check=True, capture_output=True)
-        try:
-            out = Path(tmp) / "times.json"
-            cmd = [sys.executable, str(tree / "benchmarks" / Path(__file__).name), "--split", args.split,
-                   "--seed", str(args.seed), "--json", str(out)]
-            if not (tree / "benchmarks" / Path(__file__).name).exists():
-                cmd[1] = str(Path(__file__).resolve())  # REV predates this script: run ours on its tree
-            for name in args.tasks or []:
-                cmd += ["--task", name]
-            subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "GRADING_TIME_ROOT": str(tree)})
-            return json.loads(out.read_text())
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                           capture_output=True)
+    extra = [a for name in args.tasks or [] for a in ("--task", name)]
+    return baseline.run_at(rev, __file__, ["--split", args.split, "--seed", str(args.seed), *extra])
 
 
 def table(now: dict[str, dict], before: dict[str, dict] | None) -> str:

@@ -36,6 +36,8 @@ class Status(StrEnum):
     WRONG_OUTPUT = "wrong_output"                # 7 run: values outside tolerance (or NaN/inf)
                                                  #   (4a grid: an output block never written, an argument
                                                  #   not read in full)
+    UNVERIFIED = "unverified"                    # 9 verified: every case passed, but part of what the bench
+                                                 #   program runs could not be checked here (named)
     CORRECT = "correct"                          # all stages passed
     PENDING = "pending"                          # not a verdict: a grading stopped early (`through=`)
                                                  #   with no failure, or a case not run yet
@@ -43,6 +45,9 @@ class Status(StrEnum):
 
 # The statuses a finished grading ends with.
 STATUSES: tuple[str, ...] = tuple(s.value for s in Status if s is not Status.PENDING)
+# Statuses that confirm nothing against the kernel: the grader could not run it, or could not
+# check all of it. Neither correct nor a failure to repair.
+UNDECIDED: frozenset[Status] = frozenset({Status.GRADER_LIMIT, Status.UNVERIFIED})
 
 
 @dataclass
@@ -141,6 +146,11 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return self.status == Status.CORRECT
+
+    @property
+    def undecided(self) -> bool:
+        """The grader could not decide (UNDECIDED): no fault is confirmed, none is ruled out."""
+        return self.status in UNDECIDED
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

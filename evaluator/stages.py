@@ -29,13 +29,15 @@ from evaluator.performance import perf_model
 from evaluator.performance.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
 from evaluator.truth.compare import compare
+from evaluator.truth import stress
 from evaluator.truth.reference import ReferenceCache, case_seeds
 from tasks.spec import CandidateFormatError, Case, Task
 
 # Work outside kernels above this share of the reference's FLOPs is "a real part of the task".
 OUTSIDE_FLOPS_SHARE = 0.10
-# At every bench size the kernels must do at least this share of the reference's arithmetic
-# (honest differences, skipped causal blocks or recomputation, stay well inside it) ...
+# Kernels that do at least this share of the task's arithmetic at the check sizes are judged at
+# bench sizes by what they did there: the same share, less the task's work_slack (an exact
+# rewrite that needs less arithmetic everywhere is judged by the one-program rule instead) ...
 INSIDE_FLOPS_SHARE = 0.5
 # ... and their static estimate may not beat the ideal kernel (every input read once, every
 # output written once, the reference's FLOPs, matmuls at the bf16 rate whatever the dtype:
@@ -90,22 +92,42 @@ class GradingContext:
     # The kernels' least share of the task's FLOPs over the check cases (structure stage): the
     # bench-size work rules judge kernels that do at least INSIDE_FLOPS_SHARE there.
     check_work_share: float = 1.0
+    # What the bench program runs that no run case checks (coverage stage: spaces no derived
+    # case reaches), in words: such a kernel is `unverified`, not `correct` (verified stage).
+    unchecked: list[str] = field(default_factory=list)
+
+    @property
+    def stress_cases(self) -> list[tuple[Case, Case]]:
+        """(stress case, the case whose traced program it runs): the task's input regimes at a
+        check size (evaluator/truth/stress.py). An imported task declares none."""
+        return stress.stress_cases(self.task, self.split) if self.task.external is None else []
 
     @property
     def traced_cases(self) -> list[Case]:
-        """Check and bench sizes of the split: tracing and lowering are cheap at any size."""
-        return self.task.select(self.split)
+        """Check and bench sizes of the split, and stress cases at sizes of their own: tracing
+        and lowering are cheap at any size."""
+        own = [case for case, program in self.stress_cases if program is case]
+        return self.task.select(self.split, "check") + own + self.task.select(self.split, "bench")
 
     @property
     def run_cases(self) -> list[Case]:
-        return self.task.select(self.split, "check") + self.coverage_cases
+        return self.task.select(self.split, "check") + [c for c, _ in self.stress_cases] + self.coverage_cases
 
     @property
     def run_plan(self) -> list[tuple[Case, list[int]]]:
-        """Each case the run stage runs, with its seeds: the task's check cases first, so
-        theirs are known before the coverage stage adds its own."""
-        return [(case, case_seeds(self.base_seed, index, self.n_seeds))
+        """Each case the run stage runs, with its seeds: the task's check cases and stress cases
+        first, so theirs are known before the coverage stage adds its own. The task's own cases
+        get n_seeds seeds; a stress or coverage case, there to run a regime or a path the
+        others do not, gets one (the values it computes are those the others check on every
+        seed)."""
+        own = {c.name for c in self.task.select(self.split, "check")}
+        return [(case, case_seeds(self.base_seed, index, self.n_seeds if case.name in own else 1))
                 for index, case in enumerate(self.run_cases)]
+
+    def program_of(self, case: Case) -> str:
+        """The traced case whose program runs `case`: its own, but for a stress case at its
+        check case's sizes, which runs that case's (no second trace or compile)."""
+        return next((program.name for c, program in self.stress_cases if c.name == case.name), case.name)
 
 
 def case_spec(task: Task, case: Case, traffic: bool = False) -> CaseSpec:
@@ -229,8 +251,10 @@ def _bench_program_failure(ctx: GradingContext, cases: list[Case]) -> Failure | 
     much here too (_missing_work). A shortcut taken only where nobody compares is refused
     whatever its FLOPs; an exact rewrite that does less work at every size is not."""
     checks = [c for c in cases if c.size == "check"]
-    shares = [_work_share(ctx, c) for c in checks]
-    check_share = ctx.check_work_share = min((s for s in shares if s is not None), default=1.0)
+    shares = {c.name: _work_share(ctx, c) for c in cases}
+    ctx.verdict.details["work_share"] = {name: share for name, share in shares.items() if share is not None}
+    check_share = ctx.check_work_share = min((shares[c.name] for c in checks if shares[c.name] is not None),
+                                             default=1.0)
     for case in (c for c in cases if c.size == "bench"):
         summary = ctx.summaries[case.name]
         why = one_program.shortcut(summary, [(c.name, ctx.summaries[c.name]) for c in checks])
@@ -240,7 +264,7 @@ def _bench_program_failure(ctx: GradingContext, cases: list[Case]) -> Failure | 
                            "at the check sizes), so that what is timed is what was checked.", case=case)
         ref_flops = ctx.references.flops(ctx.task, case) * ctx.task.necessary_flops_share
         if ref_flops:
-            failure = _missing_work(summary, ref_flops, case, check_share)
+            failure = _missing_work(summary, ref_flops, case, check_share, ctx.task.work_slack)
             if failure is not None:
                 return failure
     return None
@@ -287,17 +311,18 @@ def _origin_failure(origins: list[KernelOrigin], case: Case) -> Failure | None:
     return None
 
 
-def _missing_work(summary: TraceSummary, ref_flops: float, case: Case, check_share: float = 1.0
-                  ) -> Failure | None:
+def _missing_work(summary: TraceSummary, ref_flops: float, case: Case, check_share: float = 1.0,
+                  slack: float = 0.05) -> Failure | None:
     """At a bench size the kernels must do some arithmetic, and, when they do at least
-    INSIDE_FLOPS_SHARE of the task's FLOPs at the check sizes (`check_share`: a kernel that
-    does the task's work where it is compared), at least that share here too: one that is right
-    only where it is checked does its real work at check sizes alone. A kernel that does less
-    at the check sizes, and is right there, computes the task another way (an exact rewrite,
-    `sum(x @ W, 1)` as `x @ W.sum(0)`): the floor cannot judge it, the one-program rule does.
-    `ref_flops`: the FLOPs the task needs (the reference's, times Task.necessary_flops_share)."""
+    INSIDE_FLOPS_SHARE of the task's FLOPs at the check sizes (`check_share`, their least share
+    there: a kernel that does the task's work where it is compared), as large a share here, up
+    to all of it, less the task's `slack`: one that skips its last blocks, or stops a loop early,
+    only at sizes nobody compares does less here than where it is checked. A kernel that does
+    less at the check sizes, and is right there, computes the task another way (an exact
+    rewrite, `sum(x @ W, 1)` as `x @ W.sum(0)`): the floor cannot judge it, the one-program rule
+    does. `ref_flops`: the FLOPs the task needs (the reference's, times Task.necessary_flops_share)."""
     inside = summary.kernel_flops
-    expected = INSIDE_FLOPS_SHARE if check_share >= INSIDE_FLOPS_SHARE else 0.0
+    expected = (1.0 - slack) * min(check_share, 1.0) if check_share >= INSIDE_FLOPS_SHARE else 0.0
     if inside > 0 and inside >= expected * ref_flops:
         return None
     calls = summary.pallas_calls
@@ -307,9 +332,11 @@ def _missing_work(summary: TraceSummary, ref_flops: float, case: Case, check_sha
                    f"{inside / 1e9:.3g} GFLOP, {inside / ref_flops:.0%} of the task's "
                    f"{ref_flops / 1e9:.3g} GFLOP (at least {expected:.0%} expected, and some arithmetic: "
                    f"at the check sizes they perform {min(check_share, 9.99):.0%} of it); the "
-                   "kernel must compute the whole task at every size, not only at small ones"
+                   "kernel must compute the whole task at every size, not only at small ones: no block "
+                   "skipped and no loop cut short where the sizes are large"
                    f"{_counted_once([(c.name, c.unbounded_trips_from) for c in calls])}.",
-                   details={"inside_flops": inside, "reference_flops": ref_flops, "check_share": check_share}, case=case)
+                   details={"inside_flops": inside, "reference_flops": ref_flops, "check_share": check_share},
+                   case=case)
 
 
 def _counted_once(kernels: list[tuple[str, str]]) -> str:
@@ -344,14 +371,15 @@ def index_maps_stage(ctx: GradingContext) -> Failure | None:
 
 # --- 4b. coverage: every axis tiled at bench sizes runs two blocks at some check case ---------
 def coverage_stage(ctx: GradingContext) -> Failure | None:
-    """Derive check cases for the grid axes that only bench sizes tile (evaluator/analysis/coverage.py);
-    the run stage runs them like the task's own. Never fails by itself: a derived case that
-    cannot be made (kernel() does not trace there, over the size budget) is listed in
-    details["coverage"]["uncovered"]."""
+    """Derive check cases for the grid axes and in-kernel loops that bench sizes iterate more
+    than the check sizes do (evaluator/analysis/coverage.py); the run stage runs them like the
+    task's own. Never fails by itself: a gap no derived case closes (kernel() does not trace
+    there, the task cannot make inputs there, over the size budget) is listed in
+    details["coverage"]["uncovered"], with why, and makes the kernel `unverified` at the end."""
     task, split = ctx.task, ctx.split
     checks, benches = task.select(split, "check"), task.select(split, "bench")
-    gaps = coverage.axis_gaps([ctx.summaries[c.name] for c in checks],
-                              [(b.name, ctx.summaries[b.name]) for b in benches])
+    gaps = coverage.axis_gaps([(c.dtype, ctx.summaries[c.name]) for c in checks],
+                              [(b, ctx.summaries[b.name]) for b in benches])
     plan = coverage.CoveragePlan(gaps=gaps)
     budget = coverage.MAX_ELEMENTS_FACTOR * max(coverage.elements(task, c) for c in checks)
     for bench in benches:
@@ -363,43 +391,99 @@ def coverage_stage(ctx: GradingContext) -> Failure | None:
             # other sizes to derive.
             plan.uncovered += [f"{g.describe()}: an imported task has no sizes but its own" for g in mine]
             continue
-        base = coverage.base_case(task, split, bench)
-        probes = coverage.probe_cases(base, bench)
-        traced = _trace_where_possible(ctx, list(probes.values()))
-        sizes: dict[str, int] = {}
-        for dim, probe in probes.items():
-            for _, steps in coverage.drives(traced[probe.name], mine) if probe.name in traced else ():
-                sizes[dim] = max(sizes.get(dim, 0), coverage.covering_size(task, dim, bench.dims[dim], steps))
-        cases, skipped = coverage.plan_cases(task, base, bench, sizes, budget)
-        cases = [c for c in cases if c.name not in plan.derived_from]
-        derived = _trace_where_possible(ctx, cases)
-        for case in cases:
-            if case.name in derived:
-                plan.add(case, bench, derived[case.name])
-                ctx.summaries[case.name] = derived[case.name]
-            else:
-                skipped.append(f"kernel() does not trace at {case.describe()}")
-        plan.uncovered += skipped
-        plan.uncovered += [f"{g.describe()}: no derived case runs it with two steps"
-                           for g in coverage.still_uncovered(mine, [derived[c] for c in derived])]
+        skipped: list[str] = []
+        try:
+            left = _cover(ctx, plan, bench, mine, budget, skipped)
+        except ValueError as exc:  # a size the task refuses (its arg_specs' own check), found planning
+            skipped.append(f"the task refuses a derived size: {exc}")
+            left = mine
+        why = f" ({'; '.join(skipped)})" if skipped else ""
+        plan.uncovered += [f"{g.describe()}: {g.unrun()}{why}" for g in left]
+    plan.prune(ctx.summaries)
     ctx.coverage_cases = plan.cases
     ctx.verdict.details["coverage"] = plan.to_details(coverage.steps_table(ctx.summaries, ctx.run_cases))
+    if task.external is None:  # an imported task's are named in details, and said (correct_message)
+        ctx.unchecked += plan.uncovered
     return None
+
+
+def _cover(ctx: GradingContext, plan: coverage.CoveragePlan, bench: Case, gaps: list[coverage.AxisGap],
+           budget: int, skipped: list[str]) -> list[coverage.AxisGap]:
+    """Derive the cases that run `gaps` (those of one bench case) their needed steps, add them to
+    the plan, and return the gaps none runs. First each gap's dimension grown to a few blocks
+    (probes, one dimension at a time at its bench value, show which); then, for what that left,
+    the probe itself (steps that do not follow the dimension in proportion, a branch only the
+    bench value takes); then every dimension but one at its bench value (a space several
+    dimensions drive), within a larger budget."""
+    task = ctx.task
+    base = coverage.base_case(task, ctx.split, bench)
+    if base.name not in ctx.summaries:  # a check case in the bench case's dtype and params
+        ctx.summaries.update(_trace_where_possible(ctx, [base]))
+    if base.name not in ctx.summaries:
+        skipped.append(f"kernel() does not trace at {base.describe()}")
+        return gaps
+    single = _traced_probes(ctx, coverage.probe_cases(base, bench))
+    sizes = coverage.choose_sizes(task, base, bench, gaps, ctx.summaries[base.name],
+                                  {dim: summary for dim, (_, summary) in single.items()})
+    cases, why = coverage.plan_cases(task, base, bench, sizes, budget)
+    skipped += why
+    derived = _derive(ctx, plan, bench, cases, skipped)
+    left = coverage.still_uncovered(gaps, list(derived.values()))
+    if left:
+        cases, _ = coverage.cases_from_probes(task, bench, left, single, budget)
+        derived.update(_derive(ctx, plan, bench, cases, skipped))
+        left = coverage.still_uncovered(gaps, list(derived.values()))
+    if left:
+        joint = _traced_probes(ctx, coverage.joint_probes(base, bench))
+        largest = max(coverage.elements(task, c) for c in task.select(ctx.split, "check"))
+        cases, _ = coverage.cases_from_probes(task, bench, left, joint, coverage.JOINT_ELEMENTS_FACTOR * largest)
+        derived.update(_derive(ctx, plan, bench, cases, skipped))
+        left = coverage.still_uncovered(gaps, list(derived.values()))
+    return left
+
+
+def _traced_probes(ctx: GradingContext, probes: dict[str, Case]) -> dict[str, tuple[Case, TraceSummary]]:
+    """dim -> (probe, its traced summary), for the probes kernel() traces at."""
+    traced = _trace_where_possible(ctx, list(probes.values()))
+    return {dim: (probe, traced[probe.name]) for dim, probe in probes.items() if probe.name in traced}
+
+
+def _derive(ctx: GradingContext, plan: coverage.CoveragePlan, bench: Case, cases: list[Case],
+            skipped: list[str]) -> dict[str, TraceSummary]:
+    """Trace derived cases and add those the task can make inputs at and kernel() traces at to
+    the plan (and the run); the others go to `skipped`, said in words."""
+    cases = [c for c in cases if c.name not in plan.derived_from]
+    problems = {c.name: coverage.inputs_problem(ctx.task, c) for c in cases}
+    skipped += [why for why in problems.values() if why]
+    cases = [c for c in cases if not problems[c.name]]
+    derived = _trace_where_possible(ctx, cases)
+    for case in cases:
+        if case.name in derived:
+            plan.add(case, bench, derived[case.name])
+            ctx.summaries[case.name] = derived[case.name]
+        else:
+            skipped.append(f"kernel() does not trace at {case.describe()}")
+    return derived
 
 
 def _trace_where_possible(ctx: GradingContext, cases: list[Case]) -> dict[str, TraceSummary]:
     """Trace `cases` in the worker (kept there for the run stage); a case kernel() does not
-    trace at is dropped, not a failure: it is a size the grader chose, not one the task asks."""
+    trace at is dropped, not a failure: it is a size the grader chose, not one the task asks.
+    details["coverage_traces"] counts the calls of kernel() it makes."""
     out: dict[str, TraceSummary] = {}
     todo = list(cases)
+    calls = 0
     while todo:
-        reply, _ = ctx.worker.call(Trace([case_spec(ctx.task, c) for c in todo]),
+        reply, _ = ctx.worker.call(Trace([case_spec(ctx.task, c, traffic=True) for c in todo]),
                                    what="tracing kernel() at coverage sizes")
         if not isinstance(reply, Failed):
             out.update({t.case: t.summary for t in reply.cases})
+            calls += len(todo)
             break
         # Trace stops at the first case that fails: drop it and trace the others again.
+        calls += 1 + [c.name for c in todo].index(reply.case)
         todo = [c for c in todo if c.name != reply.case]
+    ctx.verdict.details["coverage_traces"] = ctx.verdict.details.get("coverage_traces", 0) + calls
     return out
 
 
@@ -562,7 +646,8 @@ def run_stage(ctx: GradingContext) -> Failure | None:
     passed = [c.name for c in ran if c.status == "correct"]
     summary = f" {len(failures)} of {len(ran)} cases failed"
     summary += f" (passed: {', '.join(passed[:4])}{'...' if len(passed) > 4 else ''})." if passed else "."
-    first.message += summary + coverage.failure_note(ctx.verdict.details.get("coverage"), first_result.name)
+    first.message += (summary + coverage.failure_note(ctx.verdict.details.get("coverage"), first_result.name)
+                      + (stress.describe(ctx.task, first.case) if first.case is not None else ""))
     return first
 
 
@@ -590,21 +675,23 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult, host: ThreadP
     arrays = [a for inputs in inputs_per_seed for a in inputs]
     made_s = time.perf_counter() - start
 
-    def expected_outputs() -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+    def expected_outputs() -> list[tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None] | None]]:
         begin = time.perf_counter()
-        out = [(refs.outputs_for(task, case, s), refs.tpu_outputs_for(task, case, s)) for s in result.seeds]
+        out = [(refs.outputs_for(task, case, s), refs.tpu_outputs_for(task, case, s),
+                refs.sensitivity_for(task, case, s)) for s in result.seeds]
         for s in upcoming[1] if upcoming else ():
             refs.tpu_outputs_for(task, upcoming[0], s)  # the next case's inputs and outputs, ahead
         result.reference_s = made_s + time.perf_counter() - begin
         return out
 
     expected = host.submit(expected_outputs)
-    summary = ctx.summaries.get(case.name)
+    program = ctx.program_of(case)
+    summary = ctx.summaries.get(program)
     races = summary is None or any(call.races_possible for call in summary.pallas_calls)
     limit = step_limits.run_limit(summary, len(result.seeds),
                                   ctx.limits.step_timeout_s, ctx.limits.run_ceiling_s)
     result.limit_s = limit.seconds
-    request = Run(case.name, len(inputs_per_seed[0]), ctx.tpu_numerics, ctx.seed_checks, races)
+    request = Run(program, len(inputs_per_seed[0]), ctx.tpu_numerics, ctx.seed_checks, races)
     reply, outputs = ctx.worker.call(request, arrays, timeout_s=limit.seconds,
                                      what=f"running case {case.name} (its limit: {limit.describe()})")
     result.compile_s = reply.compile_s
@@ -624,13 +711,14 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult, host: ThreadP
 
 
 def _compare_case(ctx: GradingContext, case: Case, result: CaseResult, reply: Ran, outputs: list[np.ndarray],
-                  expected_per_seed: list[tuple[list[np.ndarray], list[np.ndarray]]]) -> Failure | None:
+                  expected_per_seed: list[tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None] | None]]
+                  ) -> Failure | None:
     task = ctx.task
     expected = list(task.out_specs(case))
     offset = 0
     worst = None  # (comparison, seed, output index, out, ref): the failing one, else the largest error
     result.bound_ratio = 0.0
-    for seed, seed_result, (expected_out, tpu_out) in zip(result.seeds, reply.results, expected_per_seed):
+    for seed, seed_result, (expected_out, tpu_out, spread) in zip(result.seeds, reply.results, expected_per_seed):
         if not seed_result.ok:
             result.error = f"{seed_result.error_type}: {seed_result.error.rstrip('.')}"
             return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
@@ -643,7 +731,7 @@ def _compare_case(ctx: GradingContext, case: Case, result: CaseResult, reply: Ra
             return Failure("wrong_shape", f"wrong output structure on case {case.describe()}: "
                                           f"{shape_problem}.", case=case)
         for i, (out, ref, tpu_ref) in enumerate(zip(got, expected_out, tpu_out)):
-            cmp = compare(out, ref, task.tolerances[case.dtype], tpu_ref)
+            cmp = compare(out, ref, task.tolerances[case.dtype], tpu_ref, spread[i] if spread else None)
             result.bound_ratio = max(result.bound_ratio, cmp.bound_ratio)
             if worst is None or not cmp.ok or cmp.rel_l2_err > worst[0].rel_l2_err:
                 worst = (cmp, seed, i, out, ref)
@@ -731,6 +819,23 @@ def _timed_output_failure(ctx: GradingContext, case: Case, outputs: list[np.ndar
     return None
 
 
+# --- 9. verified: nothing the bench program runs went unchecked ---------------------------------
+def verified_stage(ctx: GradingContext) -> Failure | None:
+    """Every case passed; a kernel is `correct` only if they reached every path the bench
+    program takes. What they could not reach (a grid axis or loop no derived case runs its
+    needed steps, a branch none takes, and why) makes it `unverified`, named: the grader's
+    limit and no fault of the kernel's, but no proof of its correctness either. On a TPU the
+    timing stage compared the bench sizes themselves, so nothing is left unchecked there."""
+    if not ctx.unchecked or ctx.backend.times_kernels:
+        return None
+    listed = "; ".join(ctx.unchecked[:3]) + (f" (and {len(ctx.unchecked) - 3} more)" if len(ctx.unchecked) > 3 else "")
+    return Failure("unverified", f"every case passed, but the check cases could not reach part of what "
+                   f"the bench program runs: {listed}. A wrong result there would go unseen, so the kernel "
+                   "is not graded correct. Blocks and loops whose step counts follow one dimension at a "
+                   "time (not several at once, nor a VMEM budget) let small cases run several steps.",
+                   details={"unchecked": list(ctx.unchecked)})
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage: its name (the verdict's `stage`), its function, and the context fields it
@@ -755,12 +860,13 @@ STAGES: tuple[Stage, ...] = (
     _stage("structure", structure_stage, reads="source",
            writes="summaries origins replay_limits check_work_share"),
     _stage("index_maps", index_maps_stage, reads="summaries"),
-    _stage("coverage", coverage_stage, reads="summaries", writes="summaries coverage_cases"),
+    _stage("coverage", coverage_stage, reads="summaries", writes="summaries coverage_cases unchecked"),
     _stage("features", features_stage, reads="summaries"),
     _stage("lowering", lowering_stage, reads="summaries"),
     _stage("estimate", estimate_stage, reads="summaries check_work_share"),
     _stage("run", run_stage, reads="summaries replay_limits coverage_cases"),
     _stage("timing", timing_stage, reads="coverage_cases"),
+    _stage("verified", verified_stage, reads="unchecked"),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
 # How far a grading got: a failure at a later stage means the kernel passed more of them.
@@ -794,4 +900,8 @@ def correct_message(ctx: GradingContext) -> str:
             f"(worst relative L2 error {worst:.2g}); lowered for TPU at {len(ctx.traced_cases)} sizes.")
     if ctx.verdict.speedup is not None:
         text += f" Speedup over XLA: {ctx.verdict.speedup:.2f}x."
+    uncovered = ctx.verdict.details.get("coverage", {}).get("uncovered") if ctx.task.external is not None else None
+    if uncovered:  # an imported task keeps its file's sizes: no case can be derived for these
+        text += (f" Not checked (an imported task runs its file's sizes only): {'; '.join(uncovered[:2])}"
+                 f"{f' (and {len(uncovered) - 2} more)' if len(uncovered) > 2 else ''}.")
     return text

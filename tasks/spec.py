@@ -50,6 +50,7 @@ class Case:
     dims: dict[str, int]
     dtype: str
     params: dict[str, Any] = field(default_factory=dict)
+    stress: str = ""  # the task's Stress regime whose inputs the case runs on ("" for its own inputs)
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -160,6 +161,23 @@ class ExternalReference(Protocol):
 
 
 @dataclass(frozen=True)
+class Stress:
+    """An input regime real data has and a task's default inputs lack: rows whose mean dwarfs
+    their spread for a norm, logits large enough to overflow exp without the max taken out, tied
+    maxima for an argmax. Default inputs are standard-normal-like, and code that fails only on
+    such values (a one-pass variance, a softmax without its running max, the last of equal
+    maxima) passes on them. The grader checks every candidate on each regime at a check size,
+    the tolerance widened by how much the reference's own float32 rounding moves its outputs
+    there (evaluator/truth/stress.py)."""
+
+    name: str         # in case names and feedback: "large_offset"
+    description: str  # what the inputs are like, for feedback: "rows whose mean is 100 times their spread"
+    make_inputs: Callable[[Case, np.random.Generator], tuple[np.ndarray, ...]]
+    # Sizes the regime needs (a long sequence); the check case's otherwise.
+    dims: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class AdaptedCandidate:
     """A candidate written in a peer suite's format, made gradable: `checked` is what the
     policy judges (their harness dropped), `shim` is appended when it is loaded (a kernel()
@@ -200,6 +218,18 @@ class Task:
     # reference computes what a kernel may skip (the masked half of causal attention). The
     # grader's "faster than any kernel doing the work" rule reads it (evaluator/performance/perf_model.py).
     necessary_flops_share: float = 1.0
+    # How much less of that work, relative to what it does at the check sizes, an honest kernel
+    # may do at a bench size: its FLOPs per unit of work move a little with the shape (padding,
+    # the ratio of per-row to per-element work). A kernel that skips blocks or stops a loop early
+    # only where it is timed does less (evaluator/stages.py, _missing_work). Raise it only for
+    # what the task's honest kernels are measured to need.
+    work_slack: float = 0.05
+    # The grader derives check cases of its own, growing one dimension of a check case (the
+    # coverage stage, evaluator/analysis/coverage.py); where the task's dimensions must agree
+    # (a page pool that holds every sequence's pages), this makes such a case agree again.
+    fit_case: Callable[[Case], Case] | None = None
+    # Input regimes of real data its default inputs lack, each checked at a check size (Stress).
+    stresses: tuple[Stress, ...] = ()
     # Index of kernel()'s first parameter argument (a model's weights, after its inputs), None
     # when the task declares none: work on parameters alone is weight folding, which the
     # outside-work rules leave out (evaluator/analysis/parameter_work.py).
@@ -229,6 +259,9 @@ class Task:
         for case in self.cases:
             if case.dtype not in self.tolerances:
                 raise ValueError(f"task {self.name!r}: no tolerance for dtype {case.dtype!r}")
+        stress_names = [s.name for s in self.stresses]
+        if len(stress_names) != len(set(stress_names)):
+            raise ValueError(f"task {self.name!r}: duplicate stress regimes {stress_names}")
 
     def __reduce_ex__(self, protocol: int) -> Any:
         """A task crosses processes as itself (a `dataclasses.replace`d one too); an imported one
@@ -263,6 +296,15 @@ class Task:
             raise ValueError(f"task {self.name!r}: int_bounds {bounds} at case {case.name} is not "
                              f"one (lo <= hi) pair or None per argument ({n} arguments)")
         return bounds
+
+    def inputs(self, case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+        """A case's inputs: its stress regime's (Case.stress), else the task's own."""
+        if not case.stress:
+            return self.make_inputs(case, rng)
+        found = [s for s in self.stresses if s.name == case.stress]
+        if not found:
+            raise ValueError(f"task {self.name!r} has no stress regime {case.stress!r}")
+        return found[0].make_inputs(case, rng)
 
     def solution_source(self) -> str:
         return self.solution_path.read_text()

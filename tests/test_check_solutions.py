@@ -1,11 +1,13 @@
 """Every task's hand-written solution is correct on train and held-out cases."""
 from evaluator.grader import Evaluator, Job
+from evaluator.truth.stress import stress_cases
 from tasks import all_tasks
 
 
 def test_every_solution_is_correct_on_all_splits():
-    """One seed per case: every case and coverage case of every split still runs; the verdicts'
-    stability over seeds is tests/test_seed_stability.py's (and benchmarks/seed_stability.py's)."""
+    """One seed per case: every case, stress case and coverage case of every split still runs;
+    the verdicts' stability over seeds is tests/test_seed_stability.py's (and
+    benchmarks/seed_stability.py's)."""
     suite = all_tasks()
     with Evaluator(backend="tpu-interpret", workers=2, n_seeds=1) as ev:
         ev.warm_up()
@@ -16,7 +18,9 @@ def test_every_solution_is_correct_on_all_splits():
         ran = {c.name for c in verdict.cases}
         own = {c.name for c in task.select("all", "check")}
         added = {a["case"] for a in verdict.details["coverage"]["added"]}
-        assert ran == own | added and all("_cover_" in name for name in added)
+        stressed = {c.name for c, _ in stress_cases(task, "all")}
+        assert ran == own | stressed | added and all("_cover_" in name for name in added)
+        assert len(stressed) == 2 * len(task.stresses)  # every regime in both dtypes
     # The solutions are the repair targets and the baseline a model's kernel should beat: under
     # the static model on v5e at the train bench sizes (worst dtype), at least 36 of them within
     # 2x of the ideal kernel and none above 3x (tasks/README.md, "Performance").

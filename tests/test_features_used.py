@@ -20,7 +20,7 @@ CASES = [
     # (task, token kernel, feature, what the refusal says)
     (get_task("matmul_int8_scaled"), "vmem_scratch_untouched", "vmem_scratch", "is never written"),
     (get_task("batched_matmul"), "parallel_grid_one_step", "parallel_grid", "have one step each"),
-    (_requiring("matmul", "manual_dma"), "manual_dma_tiny_copy", "manual_dma", "of its ANY operands"),
+    (_requiring("matmul", "manual_dma"), "manual_dma_tiny_copy", "manual_dma", "never reach an output"),
     (_requiring("matmul", "scalar_prefetch"), "scalar_prefetch_unread", "scalar_prefetch",
      "no index map reads and the body never uses"),
 ]
@@ -50,6 +50,27 @@ def test_real_uses_pass_the_features_stage(evaluator):
     assert prefetch.status == "pending", prefetch.message
     facts = next(iter(prefetch.details["features"]["scalar_prefetch"].values()))[0]
     assert facts["index_maps_reading_them"] == [0]
+
+
+def test_dmas_that_feed_an_output_must_also_move_the_operands_bytes():
+    """A copy whose destination is read and reaches an output is a use; at bench sizes it must
+    also move at least half of the bytes left outside the pipeline (MIN_DMA_SHARE)."""
+    from evaluator.analysis.features import _manual_dma
+    from evaluator.analysis.jaxpr_analysis import BlockInfo, PallasCallInfo
+    from evaluator.analysis.kernel_dataflow import RefUse
+
+    hbm = BlockInfo("in", [1024, 1024], [1024, 1024], "float32", "any", 1)
+    feeding = [RefUse(written=True, read=True, reaches_output=True)]
+
+    def call(dma_bytes: float, uses: list) -> PallasCallInfo:
+        return PallasCallInfo("k", [4], [hbm], [], 0, None, None, ["dma_start", "dma_wait"],
+                              dma_bytes_per_step=dma_bytes, dma_use=uses)
+
+    assert _manual_dma(call(1024 * 1024, feeding), bench=True).used           # 4 MiB of 4 MiB
+    tiny = _manual_dma(call(8 * 128 * 4, feeding), bench=True)
+    assert not tiny.used and "of its ANY operands" in tiny.why_not
+    unread = _manual_dma(call(1024 * 1024, [RefUse(written=True)]), bench=False)
+    assert not unread.used and "never reach an output" in unread.why_not
 
 
 def test_every_solution_with_required_features_shows_its_use(evaluator):

@@ -72,7 +72,9 @@ def test_a_sequential_scan_is_graded_correct_on_the_limit_its_work_earns(short_b
     verdict = short_base.grade("linear_recurrence", read_candidate("correct_step_scan"), seed=1)
     assert verdict.status == "correct", verdict.message
     assert all(case.limit_s > 6 for case in verdict.cases)
-    assert all(case.compile_s > 0 and len(case.seed_run_s) == 2 for case in verdict.cases)
+    own = _own(verdict)  # two seeds each; a stress or coverage case one (a stress case runs its check case's program)
+    assert all(case.compile_s > 0 and len(case.seed_run_s) == 2 for case in own)
+    assert all(len(case.seed_run_s) == 1 for case in verdict.cases if case not in own)
 
 
 # --- the seeds' checks ------------------------------------------------------------------------
@@ -85,8 +87,18 @@ def cheap_seeds():
         yield ev
 
 
+def _own(verdict) -> list:
+    """The verdict's results on the task's own check cases (two seeds each)."""
+    own = {c.name for c in get_task(verdict.task).select(verdict.split, "check")}
+    return [c for c in verdict.cases if c.name in own]
+
+
 def _checks(verdict) -> set[tuple[str, ...]]:
-    return {tuple(c.seed_checks) for c in verdict.cases}
+    """The checks each seed of the task's own cases ran under; a stress or coverage case runs
+    one seed, under its first seed's checks."""
+    firsts = {tuple(c.seed_checks) for c in verdict.cases if c not in _own(verdict)}
+    assert all(len(checks) == 1 for checks in firsts), firsts
+    return {tuple(c.seed_checks) for c in _own(verdict)}
 
 
 def test_a_kernel_without_dmas_runs_without_the_race_detector(full_evaluator):

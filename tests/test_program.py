@@ -49,11 +49,14 @@ def kernel(x, y):
 
 def test_the_candidate_runs_once_per_traced_case_and_nothing_else_runs(evaluator):
     task = get_task("matmul")
-    traced = task.select("train")  # check sizes first, then bench sizes
+    traced = task.select("train")  # check sizes first, then bench sizes, then the coverage stage's
     checked = task.select("train", "check")
     # Right for every trace the checks see: an evaluator that called the Python again to
-    # lower, run or time would meet the doubling kernel.
-    honest = evaluator.grade("matmul", TRACE_COUNTING.format(limit=len(traced)), seed=3)
+    # lower, run or time would meet the doubling kernel. The coverage stage's traces (probes,
+    # derived cases) come after the task's cases; how many, the verdict says.
+    counted = evaluator.grade("matmul", TRACE_COUNTING.format(limit=10 ** 6), seed=3)
+    limit = len(traced) + counted.details["coverage_traces"]
+    honest = evaluator.grade("matmul", TRACE_COUNTING.format(limit=limit), seed=3)
     assert honest.status == "correct", honest.message
     # Wrong from the last check case's trace on: that case's run shows the doubling kernel,
     # the program traced for it, and no other case fails.

@@ -49,7 +49,8 @@ HELDOUT_DIGEST = "ae9ca5e0dfd37df6"
 
 
 def test_heldout_cases_are_unchanged():
-    rows = sorted(json.dumps([t.name, c.to_dict()], sort_keys=True)
+    # Case fields added later with their default (`stress`: "") change no case
+    rows = sorted(json.dumps([t.name, {k: v for k, v in c.to_dict().items() if k != "stress" or v}], sort_keys=True)
                   for t in tasks.all_tasks() for c in t.select("heldout"))
     assert hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16] == HELDOUT_DIGEST
 

@@ -9,6 +9,7 @@ from data_gen.failures.variants import candidates, strip_comments
 from data_gen.pool import DEFAULT_POOL, POOL_FILE, build, inputs_hash, load_pool, main, stale_entries
 from evaluator.digest import task_files
 from evaluator.execution.backends import default_backend
+from evaluator.truth.stress import stress_cases
 from tasks import all_tasks, get_task
 
 TRAIN_TASKS = [t for t in all_tasks() if not t.heldout_task]
@@ -84,9 +85,11 @@ def test_the_pool_holds_many_distinct_correct_kernels(pool):
         assert fingerprint(entry.source) == entry.fingerprint
         assert entry.verdict["status"] == "correct" and entry.verdict["split"] == "train"
         assert {c["status"] for c in entry.verdict["cases"]} == {"correct"}
-        own = {c.name for c in get_task(entry.task).select("train", "check")}
+        task = get_task(entry.task)
+        own = {c.name for c in task.select("train", "check")}
+        stressed = {c.name for c, _ in stress_cases(task, "train")}  # the task's input regimes
         added = {a["case"] for a in entry.verdict["details"]["coverage"]["added"]}  # coverage cases
-        assert {c["name"] for c in entry.verdict["cases"]} == own | added
+        assert {c["name"] for c in entry.verdict["cases"]} == own | stressed | added
 
 
 def test_the_hash_covers_source_task_files_and_evaluator():

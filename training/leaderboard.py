@@ -37,7 +37,8 @@ STATUS_COLORS = {"correct": "#2e7d32", "wrong_output": "#e53935", "runtime_error
                  "wrong_shape": "#f4511e", "timeout": "#00acc1", "compile_error": "#5e35b1",
                  "lowering_error": "#3949ab", "missing_feature": "#00897b", "work_outside_kernel": "#6d4c41",
                  "no_kernel": "#757575", "import_error": "#c0ca33", "policy_violation": "#d81b60",
-                 "syntax_error": "#fdd835", "extraction_error": "#bdbdbd", "grader_limit": "#90a4ae"}
+                 "syntax_error": "#fdd835", "extraction_error": "#bdbdbd", "grader_limit": "#90a4ae",
+                 "unverified": "#ffcc80"}
 
 
 class ReportError(ValueError):

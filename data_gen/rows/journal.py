@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from evaluator.record import Verdict
+from evaluator.record import Status, Verdict
 from tasks.spec import Task
 
 
@@ -94,6 +94,7 @@ class DropReason(StrEnum):
     TRUNCATED = "truncated"                        # an answer cut off mid-code: its intent is gone
     ATTEMPT_CORRECT = "attempt is correct"         # a replayed attempt that passes
     GRADER_LIMIT = "grader_limit"                  # the evaluator could not run the attempt
+    UNVERIFIED = "unverified"                      # the evaluator could not check all of what it runs
     NO_EXPLANATION = "no explanation"              # a repair that came without one
     NOT_LOADED = "task not loaded"                 # a peer suite's task that does not load here
 
@@ -105,6 +106,18 @@ class Dropped:
 
     def text(self) -> str:
         return f"{self.reason}: {self.detail}" if self.detail else str(self.reason)
+
+
+def undecided(verdict: Verdict) -> Dropped | None:
+    """Why an attempt the evaluator could not decide gives no pair (no fault is confirmed, none
+    ruled out: evaluator.record.UNDECIDED), or None for a verdict that decides."""
+    if verdict.status == Status.GRADER_LIMIT:
+        return Dropped(DropReason.GRADER_LIMIT, "the evaluator could not run the attempt, so no failure was "
+                                                "confirmed")
+    if verdict.status == Status.UNVERIFIED:
+        return Dropped(DropReason.UNVERIFIED, "the evaluator could not check all the attempt runs, so no "
+                                              "failure was confirmed")
+    return None
 
 
 def attempt_entry(item_id: str, task: Task | str, source: str, origin: str, failing: Verdict | None,

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from chat import prompts
 from data_gen.catalogue.kinds import classify
 from data_gen.failures.fingerprint import normalized
-from data_gen.rows.journal import Dropped, DropReason
+from data_gen.rows.journal import Dropped, DropReason, undecided
 from evaluator.candidate.extract import ExtractionError, extract_code
-from evaluator.record import Status, Verdict
+from evaluator.record import Verdict
 from tasks.spec import Task
 
 # Verdict fields kept in the dataset: enough to audit a row, without per-seed noise.
@@ -93,9 +93,8 @@ def code_of(answer: str, task: Task | None = None) -> str | None:
 def pair_from_reply(task: Task, attempt_id: str, source: str, origin: str, prompt: PromptSettings,
                     failing_answer: str, failing: Verdict, reply: str, repaired: Verdict, repaired_by: str):
     """A pair from a confirmed repair; the reply's prose (outside code) is the explanation."""
-    if failing.status == Status.GRADER_LIMIT:  # the grader could not run the attempt: no fault is confirmed
-        return None, Dropped(DropReason.GRADER_LIMIT, "the evaluator could not run the attempt, so no failure "
-                                                      "was confirmed")
+    if failing.undecided:
+        return None, undecided(failing)
     explanation = prompts.strip_code(reply)
     if not explanation:
         return None, Dropped(DropReason.NO_EXPLANATION, "the repair came without one")

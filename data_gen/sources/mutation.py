@@ -22,7 +22,7 @@ from data_gen.failures.mutations import compound_with, mutants
 from data_gen.failures.operators import OPERATORS, operator
 from data_gen.rows.dataset import round_robin
 from data_gen.rows.explanations import explain
-from data_gen.rows.journal import Dropped, DropReason, attempt_entry
+from data_gen.rows.journal import Dropped, DropReason, attempt_entry, undecided
 from data_gen.rows.pairs import PromptSettings, build_pair
 from data_gen.rows.text_rules import row_violations
 from data_gen.sources.grading import SeededGrading
@@ -96,6 +96,9 @@ class MutationSource:
                                  dropped=Dropped(reason, detail), **extra)
 
         graded, failing = first_failure(task, mutant, grader)
+        if failing.undecided:
+            why = undecided(failing)
+            return drop(failing, why.reason, why.detail)
         if failing.ok or failing.status == "pending":
             static = failing.status == "pending"  # graded through the static stages only
             return drop(failing, DropReason.SURVIVED,
@@ -133,7 +136,7 @@ def first_failure(task: Task, mutant: Mutant, grader: SeededGrading) -> tuple[Mu
     static = bool(mutant.parts) or operator(mutant.operator).static
     for candidate in (mutant, *mutant.fallbacks):
         verdict = grader.grade(task, candidate.answer(), through=LAST_STATIC_STAGE if static else None)
-        if not verdict.ok and verdict.status != "pending":
+        if not verdict.ok and verdict.status != "pending" and not verdict.undecided:
             break
     return candidate, verdict
 

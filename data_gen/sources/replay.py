@@ -23,7 +23,7 @@ from chat import prompts
 from chat.models import ChatModel
 from data_gen.catalogue.kinds import classify
 from data_gen.repairs import repair_search
-from data_gen.rows.journal import Dropped, DropReason, attempt_entry
+from data_gen.rows.journal import Dropped, DropReason, attempt_entry, undecided
 from data_gen.rows.pairs import PromptSettings, build_pair, code_of, pair_from_reply
 from data_gen.rows.text_rules import row_violations
 from data_gen.sources.grading import SeededGrading
@@ -121,8 +121,8 @@ class ReplaySource:
 
         if failing.ok:
             return entry(dropped=Dropped(DropReason.ATTEMPT_CORRECT))
-        if failing.status == Status.GRADER_LIMIT:  # the grader could not run it: no fault is confirmed
-            return entry(dropped=Dropped(DropReason.GRADER_LIMIT, "the evaluator could not run the attempt"))
+        if failing.undecided:  # the grader could not run or check it all: no fault is confirmed
+            return entry(dropped=undecided(failing))
         if item.repair is not None:
             reply = item.repair
             if item.explanation:
@@ -190,7 +190,8 @@ class Yield:
             if e["drop_reason"] == DropReason.ATTEMPT_CORRECT:
                 out.correct += 1
                 continue
-            if e["drop_reason"] in (DropReason.GRADER_LIMIT, DropReason.NOT_LOADED) or not e.get("failure_kind"):
+            if e["drop_reason"] in (DropReason.GRADER_LIMIT, DropReason.UNVERIFIED, DropReason.NOT_LOADED) \
+                    or not e.get("failure_kind"):
                 out.not_graded += 1
                 continue
             k = out.by_kind.setdefault(e["failure_kind"], KindYield())

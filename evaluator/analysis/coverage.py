@@ -1,12 +1,18 @@
-"""Coverage of every grid axis: check cases that run each axis a kernel tiles at bench sizes.
+"""Coverage of every iteration the bench program takes: check cases that run each grid axis and
+each in-kernel loop that bench sizes iterate, at least three steps, in every bench dtype.
 
 Check sizes are small, so a kernel tuned for bench sizes (blocks of 1024 and more) often covers
-every check case in one block along an axis it tiles at bench sizes. A bug that needs two
-blocks to show (an accumulator zeroed once, a K index ignored by an index map, a carry lost
-between blocks, a block offset never added) then never runs. This module finds such axes from
-the grids traced at check and bench sizes, and derives extra check cases in which each of them
-runs at least two full blocks, plus a ragged tail where the task's own cases are ragged along
-that dimension; the other dimensions stay at check scale.
+every check case in one block along an axis it tiles at bench sizes, and a loop over chunks
+inside the body (`fori_loop` over K, over kv tiles) runs once. A bug that needs several steps
+to show then never runs: an accumulator zeroed once, a K index ignored by an index map, a carry
+lost between blocks, a block offset never added; and some need three, since the second step is
+the first to read a carry and the third the first to read one written by a step that read one
+(a running statistic read stale, an offset taken from the first block only). This module finds
+such iteration spaces (`spaces`: grid axes and loops, by kernel) from the programs traced at
+check and bench sizes, and derives extra check cases in which each runs at least NEEDED_STEPS
+full steps (or all of its bench steps, when fewer), plus a ragged tail where the task's own
+cases are ragged along that dimension, in the bench case's dtype and params; the other
+dimensions stay at check scale.
 
 Pure functions over traced summaries and cases: the coverage stage (evaluator/stages.py) drives
 the worker, these decide.
@@ -19,6 +25,8 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Iterable
 
+import numpy as np
+
 from evaluator.analysis.jaxpr_analysis import TraceSummary
 from tasks.spec import Case, Task
 
@@ -29,27 +37,60 @@ RAGGED_QUANTUM = 128
 # largest check case of its split; past that, one case per dimension is derived instead of one
 # case for all, and a single dimension that still does not fit is left uncovered (and said so).
 MAX_ELEMENTS_FACTOR = 16
+# A gap no one dimension moves (a column slab that narrows with k and the group count, for VMEM)
+# is tried with every dimension but one at its bench value (`joint_probes`); such a case may
+# hold up to this many times the elements of the split's largest check case.
+JOINT_ELEMENTS_FACTOR = 64
+# Steps every grid axis and loop must run at some run case, where bench sizes run that many or
+# more: the third step is the first whose carry was written by a step that read one.
+NEEDED_STEPS = 3
 _SHORT = {"float32": "f32", "bfloat16": "bf16"}  # as tasks.spec.case_grid names cases
 
 
 @dataclass(frozen=True)
 class AxisGap:
-    """A grid axis that runs more than one step at a bench case but one step at every check case."""
+    """Part of the bench program no check case of that dtype runs: an iteration space (a grid
+    axis, or a loop of the body) short of NEEDED_STEPS steps, or a branch of a grid-decided
+    cond that no check case takes (a step skipped, a block handled otherwise)."""
 
     kernel: str  # the pallas_call's kernel name, with its occurrence index when repeated
-    axis: int
-    bench: str  # the bench case where it has several steps
+    space: str   # "axis 0" (a grid axis), "loop 0" (the body's first loop), "cond 0 branch 1"
+    bench: str   # the bench case where it runs
     bench_steps: int
+    dtype: str = ""
+
+    @property
+    def branch(self) -> bool:
+        return self.space.startswith("cond ")
+
+    @property
+    def needed(self) -> int:
+        return 1 if self.branch else min(NEEDED_STEPS, self.bench_steps)
+
+    def _branch_words(self) -> str:
+        _, cond, _, branch = self.space.split()
+        return f"branch {branch} of cond {cond}"
 
     def describe(self) -> str:
-        return f"axis {self.axis} of {self.kernel} ({self.bench_steps} steps at {self.bench})"
+        if self.branch:
+            return f"{self._branch_words()} in {self.kernel} (taken at {self.bench})"
+        return f"{self.space} of {self.kernel} ({self.bench_steps} steps at {self.bench})"
+
+    def ran(self, steps: int) -> str:
+        """What a run case that closes this gap does, in words."""
+        if self.branch:
+            return f"{self.kernel} takes {self._branch_words()}"
+        return f"{self.space} of {self.kernel} runs {steps} steps"
+
+    def unrun(self) -> str:
+        return "no run case takes it" if self.branch else f"no derived case runs it {self.needed} steps"
 
 
 @dataclass
 class CoveragePlan:
-    """What the coverage stage found and added: `cases` are the derived check cases, `axes`
-    lists which axes ran how many steps per run case (filled once the cases are traced),
-    `uncovered` says which gaps no derived case closes, and why."""
+    """What the coverage stage found and added: `cases` are the derived check cases, `steps`
+    (in details) which spaces ran how many steps per run case (filled once the cases are
+    traced), `uncovered` which gaps no derived case closes, and why."""
 
     gaps: list[AxisGap] = field(default_factory=list)
     cases: list[Case] = field(default_factory=list)
@@ -60,10 +101,21 @@ class CoveragePlan:
     def add(self, case: Case, bench: Case, summary: TraceSummary) -> None:
         self.cases.append(case)
         self.derived_from[case.name] = bench.name
-        self.runs[case.name] = [f"axis {g.axis} of {g.kernel} runs {steps} steps"
-                                for g, steps in drives(summary, self.gaps)]
+        self.runs[case.name] = [g.ran(steps) for g, steps in drives(summary, [g for g in self.gaps
+                                                                           if g.dtype == case.dtype])]
 
-    def to_details(self, steps: dict[str, dict[str, list[int]]]) -> dict:
+    def prune(self, summaries: dict[str, TraceSummary]) -> None:
+        """Drop the derived cases that close no gap (another case ran what they were for)."""
+        def closes(case: Case) -> bool:
+            mine = [g for g in self.gaps if g.dtype == case.dtype]
+            return any(steps >= g.needed for g, steps in drives(summaries[case.name], mine))
+
+        self.cases = [c for c in self.cases if closes(c)]
+        kept = {c.name for c in self.cases}
+        self.derived_from = {name: b for name, b in self.derived_from.items() if name in kept}
+        self.runs = {name: r for name, r in self.runs.items() if name in kept}
+
+    def to_details(self, steps: dict[str, dict[str, dict[str, int]]]) -> dict:
         return {"steps": steps, "added": [{"case": c.name, "from": self.derived_from[c.name],
                                            "runs": self.runs[c.name], "dims": dict(c.dims), "dtype": c.dtype}
                                           for c in self.cases],
@@ -76,51 +128,75 @@ def failure_note(details: dict | None, case_name: str) -> str:
     if case_name not in added:
         return ""
     entry = added[case_name]
-    return (f" Case {case_name} was added from bench case {entry['from']} so that more than one block "
-            f"runs ({'; '.join(entry['runs'])}), where the task's check cases run one: look for a bug "
-            "that needs two blocks (an accumulator or carry reset or lost between blocks, an index map "
-            "that ignores a grid index, a block offset never added, a missing halo).")
+    return (f" Case {case_name} was added from bench case {entry['from']} so that each grid axis and loop "
+            f"runs several steps ({'; '.join(entry['runs'])}), where the task's check cases run fewer: look "
+            "for a bug that needs several blocks or loop steps (an accumulator or carry reset, lost or read "
+            "stale between steps, an index map that ignores a grid index, a block offset never added or "
+            "taken from the first block only, a missing halo).")
 
 
-def kernel_grids(summary: TraceSummary) -> dict[str, list[int]]:
-    """Each pallas_call's grid, keyed by kernel name (`name#2` for its second occurrence), so that
-    the same kernel is compared across sizes even when other kernels come and go."""
+def spaces(summary: TraceSummary) -> dict[str, dict[str, int]]:
+    """Each pallas_call's grid axes and loops with their steps ({"axis 0": 4, "loop 0": 8}),
+    and the branches its grid-decided conds take ({"cond 0 branch 1": 1}), keyed by kernel name
+    (`name#2` for its second occurrence), so that the same kernel is compared across sizes even
+    when other kernels come and go. A loop of unknown trip count (-1) and a cond the grid does
+    not decide are left out: there is nothing to compare."""
     seen: dict[str, int] = {}
-    grids: dict[str, list[int]] = {}
+    out: dict[str, dict[str, int]] = {}
     for call in summary.pallas_calls:
         n = seen.get(call.name, 0)
         seen[call.name] = n + 1
-        grids[call.name if n == 0 else f"{call.name}#{n + 1}"] = list(call.grid)
-    return grids
+        found = {f"axis {i}": steps for i, steps in enumerate(call.grid)}
+        found.update({f"loop {i}": trips for i, trips in enumerate(call.loop_trips) if trips >= 0})
+        found.update({f"cond {i} branch {b}": 1 for i, taken in enumerate(call.branches) for b in taken or ()})
+        out[call.name if n == 0 else f"{call.name}#{n + 1}"] = found
+    return out
 
 
-def axis_gaps(checks: Iterable[TraceSummary], bench_cases: Iterable[tuple[str, TraceSummary]]) -> list[AxisGap]:
-    """Axes with more than one step at some bench case and at most one at every check case.
-    A kernel that runs only at bench sizes has all its multi-step axes listed."""
-    check_grids = [kernel_grids(s) for s in checks]
-    gaps: dict[tuple[str, int], AxisGap] = {}
-    for bench_name, summary in bench_cases:
-        for kernel, grid in kernel_grids(summary).items():
-            for axis, steps in enumerate(grid):
-                if steps <= 1 or (kernel, axis) in gaps:
+def axis_gaps(checks: Iterable[tuple[str, TraceSummary]], bench_cases: Iterable[tuple[Case, TraceSummary]]
+              ) -> list[AxisGap]:
+    """Spaces with more than one step at some bench case, and fewer than min(NEEDED_STEPS,
+    those steps) at every check case of the bench case's dtype (`checks`: (dtype, summary)).
+    A kernel that runs only at bench sizes has all its multi-step spaces listed."""
+    check_spaces = [(dtype, spaces(s)) for dtype, s in checks]
+    gaps: dict[tuple[str, str, str], AxisGap] = {}
+    for bench, summary in bench_cases:
+        for kernel, found in spaces(summary).items():
+            for space, steps in found.items():
+                key = (kernel, space, bench.dtype)
+                gap = AxisGap(kernel, space, bench.name, steps, bench.dtype)
+                if (steps <= 1 and not gap.branch) or key in gaps:
                     continue
-                covered = any(kernel in g and axis < len(g[kernel]) and g[kernel][axis] > 1
-                              for g in check_grids)
+                covered = any(dtype == bench.dtype and c.get(kernel, {}).get(space, 0) >= gap.needed
+                              for dtype, c in check_spaces)
                 if not covered:
-                    gaps[(kernel, axis)] = AxisGap(kernel, axis, bench_name, steps)
+                    gaps[key] = gap
     return list(gaps.values())
 
 
 def base_case(task: Task, split: str, bench: Case) -> Case:
-    """The check case a derived case starts from: the largest of the split's check cases with
-    the bench case's dtype and params, else with its dtype, else of any kind."""
+    """The case derived cases start from: the smallest (a derived case grows one of its
+    dimensions, and costs what it holds) of the split's check cases with the bench case's split,
+    dims (by name) and dtype, else with its dims and dtype, else with its dtype, else of any
+    kind; in the bench case's dtype and params, where they differ under the name
+    `<check case>__as_<bench case>` (traced by the coverage stage like a probe)."""
     checks = task.select(split, "check")
-    for keep in (lambda c: c.dtype == bench.dtype and c.params == bench.params,
-                 lambda c: c.dtype == bench.dtype, lambda c: True):
+    same = lambda c: c.dtype == bench.dtype and set(c.dims) == set(bench.dims)
+    for keep in (lambda c: same(c) and c.split == bench.split, same, lambda c: c.dtype == bench.dtype,
+                 lambda c: True):
         fitting = [c for c in checks if keep(c)]
         if fitting:
-            return max(fitting, key=lambda c: elements(task, c))
+            base = min(fitting, key=lambda c: (elements(task, c), c.name))
+            if (base.dtype, base.params) == (bench.dtype, bench.params):
+                return base
+            return _fitted(task, dataclasses.replace(base, name=f"{base.name}__as_{bench.name}", dtype=bench.dtype,
+                                                     params=dict(bench.params)))
     raise ValueError(f"task {task.name} has no check case in split {split}")
+
+
+def _fitted(task: Task, case: Case) -> Case:
+    """The case with its dimensions made to agree where the task needs them to (Task.fit_case)."""
+    return task.fit_case(case) if task.fit_case is not None else case
 
 
 def elements(task: Task, case: Case) -> int:
@@ -140,11 +216,75 @@ def probe_cases(base: Case, bench: Case) -> dict[str, Case]:
     return probes
 
 
+def joint_probes(base: Case, bench: Case) -> dict[str, Case]:
+    """Per dimension that differs between `base` and `bench`: `base` with every other differing
+    dimension at its bench value. Traced where no one dimension moves a gap, they find the
+    dimension its space does not depend on, which stays small. With two differing dimensions,
+    leaving one out is a single-dimension probe: the one joint probe has both at their bench
+    values (keyed "")."""
+    differing = [dim for dim, value in bench.dims.items() if base.dims.get(dim) != value]
+    if len(differing) == 2:
+        return {"": dataclasses.replace(base, name=f"{base.name}__joint", dims={**base.dims, **{
+            d: bench.dims[d] for d in differing}})}
+    if len(differing) < 2:
+        return {}
+    return {dim: dataclasses.replace(base, name=f"{base.name}__joint_but_{dim}",
+                                     dims={**base.dims, **{d: bench.dims[d] for d in differing if d != dim}})
+            for dim in differing}
+
+
+def cases_from_probes(task: Task, bench: Case, gaps: list[AxisGap], probes: dict[str, tuple[Case, TraceSummary]],
+                      max_elements: int) -> tuple[list[Case], list[AxisGap]]:
+    """For each gap, the smallest probe that runs it its needed steps (a space whose steps do
+    not follow its dimension in proportion, a branch only a bench value takes, a space several
+    dimensions drive: joint_probes), as a derived case (in the bench case's dtype and params)
+    when it fits `max_elements`; and the gaps none does."""
+    chosen: dict[str, Case] = {}
+    left = []
+    for gap in gaps:
+        fitting = [case for case, summary in probes.values()
+                   if any(steps >= gap.needed for _, steps in drives(summary, [gap]))
+                   and elements(task, case) <= max_elements]
+        if not fitting:
+            left.append(gap)
+            continue
+        case = min(fitting, key=lambda c: elements(task, c))
+        chosen.setdefault(case.name, case)
+    return [derived_case(task, case, bench, {}) for case in chosen.values()], left
+
+
 def drives(probe: TraceSummary, gaps: list[AxisGap]) -> list[tuple[AxisGap, int]]:
-    """The gaps whose axis has several steps at the probe, with those steps."""
-    grids = kernel_grids(probe)
-    return [(g, grids[g.kernel][g.axis]) for g in gaps
-            if g.kernel in grids and g.axis < len(grids[g.kernel]) and grids[g.kernel][g.axis] > 1]
+    """The gaps whose space has several steps at the probe (a branch: is taken there), with
+    those steps."""
+    found = spaces(probe)
+    return [(g, steps) for g in gaps if (steps := found.get(g.kernel, {}).get(g.space, 0)) > (0 if g.branch else 1)]
+
+
+def choose_sizes(task: Task, base: Case, bench: Case, gaps: list[AxisGap], at_base: TraceSummary,
+                 probes: dict[str, TraceSummary]) -> dict[str, int]:
+    """Which dimensions to grow, and to what, so that each gap runs its needed steps: per gap,
+    of the dimensions whose probe moves its space (runs it more steps than `base` does;
+    `probes`: dim -> the traced probe), one already grown for another gap where there is one,
+    else the one whose derived case is smallest. A gap no probe moves gets nothing (its space
+    depends on several dimensions at once, or on none): the caller reports it."""
+    before = spaces(at_base)
+    sizes: dict[str, int] = {}
+    for gap in gaps:
+        base_steps = before.get(gap.kernel, {}).get(gap.space, 1)
+        moved = {dim: steps for dim, probe in probes.items() for _, steps in drives(probe, [gap]) if steps > base_steps}
+        options = {dim: covering_size(task, dim, bench.dims[dim], steps) for dim, steps in moved.items()}
+        # Where some dimension's covering size reaches the needed steps (its block: the bench
+        # value over the probe's steps), only those: another grows to no avail.
+        reaching = {dim: size for dim, size in options.items()
+                    if -(-size // -(-bench.dims[dim] // moved[dim])) >= gap.needed}
+        options = reaching or options
+        if not options:
+            continue
+        shared = [dim for dim in options if dim in sizes]
+        dim = shared[0] if shared else min(
+            options, key=lambda d: (elements(task, derived_case(task, base, bench, {d: options[d]})), d))
+        sizes[dim] = max(sizes.get(dim, 0), options[dim])
+    return sizes
 
 
 def quantum(task: Task, dim: str) -> int:
@@ -154,31 +294,48 @@ def quantum(task: Task, dim: str) -> int:
 
 
 def covering_size(task: Task, dim: str, bench_value: int, steps_at_bench: int) -> int:
-    """A size along `dim` with at least two full blocks, plus a partial block (half a block,
-    rounded down to the task's quantum) where the task's cases are ragged along `dim`. The block
-    is inferred from the bench grid (bench value / steps, rounded up), and never exceeds the
-    bench value."""
+    """A size along `dim` that runs NEEDED_STEPS steps (a block: what one grid step or loop
+    iteration covers): NEEDED_STEPS full blocks, or, where the task's cases are ragged along
+    `dim`, one fewer and a partial last block (half a block, rounded down to the task's
+    quantum). The block is inferred from the steps at the bench value (bench value / steps,
+    rounded up), and the size never exceeds the bench value."""
     block = -(-bench_value // steps_at_bench)
-    size = 2 * block
     q = quantum(task, dim)
     if q % RAGGED_QUANTUM:
         tail = (block // 2) // q * q
-        size += tail if tail > 0 else q
+        size = (NEEDED_STEPS - 1) * block + (tail if tail > 0 else q)
+    else:
+        size = NEEDED_STEPS * block
     return min(size, bench_value)
 
 
-def derived_case(base: Case, bench: Case, sizes: dict[str, int]) -> Case:
-    dims = {**base.dims, **sizes}
-    label = "_".join(f"{k}{v}" for k, v in dims.items())
-    return dataclasses.replace(base, name=f"{bench.split}_cover_{label}_{_SHORT.get(base.dtype, base.dtype)}", split=bench.split,
-                               dims=dims)
+def derived_case(task: Task, base: Case, bench: Case, sizes: dict[str, int]) -> Case:
+    """`base` with `sizes`, in the bench case's dtype and params (the code path the bench
+    takes), its dimensions made to agree where the task needs them to (Task.fit_case)."""
+    case = _fitted(task, dataclasses.replace(base, split=bench.split, dims={**base.dims, **sizes},
+                                             dtype=bench.dtype, params=dict(bench.params)))
+    label = "_".join(f"{k}{v}" for k, v in case.dims.items())
+    return dataclasses.replace(case, name=f"{bench.split}_cover_{label}_{_SHORT.get(bench.dtype, bench.dtype)}")
+
+
+def inputs_problem(task: Task, case: Case) -> str | None:
+    """Why the task cannot make inputs at a derived case (its own rules on its dimensions and
+    params, in its input maker's words), or None: such a case is reported, not run."""
+    try:
+        task.arg_specs(case)
+        task.make_inputs(case, np.random.default_rng(0))
+    except (ValueError, KeyError, IndexError, ZeroDivisionError) as exc:
+        return f"the task cannot make inputs at {case.describe()}: {exc}"
+    return None
 
 
 def plan_cases(task: Task, base: Case, bench: Case, sizes: dict[str, int],
                max_elements: int) -> tuple[list[Case], list[str]]:
     """One case with every covering size when it fits the element budget; else one case per
     dimension; a dimension that does not fit alone is reported, not run."""
-    whole = derived_case(base, bench, sizes)
+    if not sizes:
+        return [], []
+    whole = derived_case(task, base, bench, sizes)
     if elements(task, whole) <= max_elements or len(sizes) == 1:
         if elements(task, whole) <= max_elements:
             return [whole], []
@@ -193,11 +350,11 @@ def plan_cases(task: Task, base: Case, bench: Case, sizes: dict[str, int],
     return cases, skipped
 
 
-def steps_table(summaries: dict[str, TraceSummary], cases: Iterable[Case]) -> dict[str, dict[str, list[int]]]:
-    """Per run case, the steps each kernel's grid axes ran: `details.coverage.steps`."""
-    return {c.name: kernel_grids(summaries[c.name]) for c in cases if c.name in summaries}
+def steps_table(summaries: dict[str, TraceSummary], cases: Iterable[Case]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per run case, the steps each kernel's grid axes and loops ran: `details.coverage.steps`."""
+    return {c.name: spaces(summaries[c.name]) for c in cases if c.name in summaries}
 
 
 def still_uncovered(gaps: list[AxisGap], summaries: list[TraceSummary]) -> list[AxisGap]:
-    """The gaps that none of `summaries` runs with more than one step."""
-    return [g for g in gaps if not any(drives(s, [g]) for s in summaries)]
+    """The gaps that none of `summaries` runs with their needed steps."""
+    return [g for g in gaps if not any(steps >= g.needed for s in summaries for _, steps in drives(s, [g]))]

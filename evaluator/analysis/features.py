@@ -9,9 +9,10 @@ and at bench sizes the traffic model) and returns its evidence, which goes into 
   output (stored there, or moved there by DMA), directly or through other buffers.
 - scalar_prefetch: the prefetched scalars are read by an index map (they choose which block
   is fetched) or read by the body and used in a computation.
-- manual_dma: at bench sizes, the body's own DMAs move at least half of the bytes of the
-  operands left outside the pipeline (memory space ANY); at check sizes, a copy is started and
-  waited.
+- manual_dma: a copy is started and waited, and what it copies into is read and reaches an
+  output (a DMA whose destination nothing reads does nothing); at bench sizes, the body's own
+  DMAs also move at least half of the bytes of the operands left outside the pipeline (memory
+  space ANY).
 - parallel_grid: at bench sizes, an axis marked parallel has more than one step; at check sizes
   (where a grid may be one step) an axis is marked parallel.
 
@@ -85,15 +86,20 @@ def _manual_dma(call: PallasCallInfo, bench: bool, large_bytes: float = 0.0) -> 
     at bench sizes (0: unknown, the call's own ANY operands only)."""
     prims = set(call.kernel_primitives)
     started = "dma_start" in prims and "dma_wait" in prims
+    feeding = sum(u.read and u.reaches_output for u in call.dma_use)
     any_bytes = sum(int(np.prod(b.array_shape)) * np_dtype(b.dtype).itemsize
                     for b in call.blocks if b.memory_space in ("any", "hbm"))
     moved = call.dma_bytes_per_step * call.grid_steps * call.runs
-    facts = {"kernel": call.name, "dma_started_and_waited": started}
-    if not bench:
-        return Evidence(started, facts, "" if started else f"{call.name} starts and waits no DMA")
-    facts.update(dma_bytes=moved, any_operand_bytes=any_bytes)
+    facts = {"kernel": call.name, "dma_started_and_waited": started,
+             "dma_destinations": len(call.dma_use), "destinations_feeding_output": feeding}
     if not started:
         return Evidence(False, facts, f"{call.name} starts and waits no DMA")
+    if not feeding:
+        return Evidence(False, facts, f"{call.name}'s DMAs copy into {len(call.dma_use)} buffer(s) whose "
+                                      "contents never reach an output (never read, or dropped before it)")
+    if not bench:
+        return Evidence(True, facts)
+    facts.update(dma_bytes=moved, any_operand_bytes=any_bytes)
     if not any_bytes:
         return Evidence(False, facts, f"{call.name} leaves no operand outside the pipeline "
                                       "(memory space ANY) for its DMAs to move")

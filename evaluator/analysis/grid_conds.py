@@ -75,6 +75,21 @@ def grid_cond_branches(kernel_jaxpr: Any, grid: Sequence[int],
     return GridConds(steps, {k: v for k, v in found.items() if k not in dropped})
 
 
+def branches_taken(kernel_jaxpr: Any, conds: GridConds | None) -> list[list[int] | None]:
+    """For each cond of a kernel body, in body order (depth first): the branches it takes at
+    some grid step (and loop iteration), None where the cond is not decided by the grid
+    position (or nothing is). The coverage stage asks every branch bench sizes take to be taken
+    by some run case (evaluator/analysis/coverage.py)."""
+    out: list[list[int] | None] = []
+    for eqn in kernel_jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            share = conds.share.get(id(eqn)) if conds is not None else None
+            out.append(None if share is None else [b for b, s in enumerate(share) if s > 1e-12])
+        for sub in param_jaxprs(eqn.params):
+            out += branches_taken(sub.jaxpr if is_closed_jaxpr(sub) else sub, conds)
+    return out
+
+
 class _GridEvaluator:
     """Evaluates what it can of a kernel body from the program ids and loop counters; None
     marks a value that depends on anything else (refs, other loop carries, scratch, data).

@@ -13,10 +13,11 @@ import numpy as np
 
 from evaluator.analysis import intervals, traffic as traffic_analysis, trip_origin
 from evaluator.analysis.grid_checks import GridFinding, argument_regions, check_grid
+from evaluator.analysis.grid_conds import branches_taken
 from evaluator.analysis.intermediates import Intermediate, OutsideMath, analyze as analyze_intermediates
-from evaluator.analysis.jaxpr_cost import Cost, walk
+from evaluator.analysis.jaxpr_cost import Cost, loop_trips, walk
 from evaluator.analysis.jaxpr_walk import sub_jaxprs
-from evaluator.analysis.kernel_dataflow import RefUse, ref_uses
+from evaluator.analysis.kernel_dataflow import RefUse, dma_uses, ref_uses
 from evaluator.analysis.parameter_work import without_parameter_work
 from evaluator.analysis.precision import low_precision_dots
 
@@ -50,6 +51,13 @@ class PallasCallInfo:
     # Memory accesses of the body per grid step, every loop iteration counted: what a run in
     # interpret mode costs (evaluator/execution/step_limits.py); at every size.
     accesses_per_step: float = 0.0
+    # Trip counts of the body's loops (scans and while loops, nested ones included) in the
+    # order they appear, -1 where unknown: the in-kernel iteration the coverage stage runs at
+    # least three times where bench sizes do (evaluator/analysis/coverage.py); at every size.
+    loop_trips: list[int] = field(default_factory=list)
+    # For each cond of the body in order, the branches it takes at some grid step, None where
+    # the grid position does not decide it (grid_conds.branches_taken). Traffic analysis only.
+    branches: list[list[int] | None] = field(default_factory=list)
     # A while loop in the body has no known maximum trip count and was counted once, so
     # flops_per_step and dma_bytes_per_step are lower bounds (traffic analysis only).
     data_dependent_trips: bool = False
@@ -63,6 +71,9 @@ class PallasCallInfo:
     # read prefetched scalars (by index into `blocks`). The evidence of the features stage.
     scratch_use: list[RefUse] = field(default_factory=list)
     prefetch_use: list[RefUse] = field(default_factory=list)
+    # What the body does with each distinct ref its DMAs copy into (an output ref reaches the
+    # output by itself): the evidence of the `manual_dma` requirement.
+    dma_use: list[RefUse] = field(default_factory=list)
     prefetch_index_maps: list[int] = field(default_factory=list)
     # The index maps evaluated over the whole static grid (evaluator/analysis/grid_checks.py): blocks
     # out of range, output blocks never written, inputs not read in full; and what was not
@@ -183,13 +194,12 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         params = params.get("mosaic_tpu") or params.get("mosaic")
     semantics = getattr(params, "dimension_semantics", None)
     kernel_jaxpr = eqn.params["jaxpr"]
-    step = traffic_analysis.kernel_cost_per_step(
-        kernel_jaxpr, intervals.kernel_loop_trips(eqn, operand_bounds),
-        grid if traffic and static_grid else None)
+    trips = intervals.kernel_loop_trips(eqn, operand_bounds)
+    step, conds = traffic_analysis.kernel_cost_per_step(kernel_jaxpr, trips, grid if traffic and static_grid else None)
     accesses = step.accesses
     if not traffic:  # FLOPs and DMA bytes are the traffic analysis' (see the fields)
         step = Cost()
-    scratch_use, prefetch_use = _ref_evidence(gm, kernel_jaxpr)
+    scratch_use, prefetch_use, dma_use = _ref_evidence(gm, kernel_jaxpr)
     return PallasCallInfo(
         name=_kernel_name(eqn),
         grid=list(grid),
@@ -204,24 +214,27 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         f32_matmul_flops_per_step=step.f32_matmul_flops,
         dma_bytes_per_step=step.dma_bytes,
         accesses_per_step=accesses,
+        loop_trips=loop_trips(kernel_jaxpr, trips),
+        branches=branches_taken(kernel_jaxpr, conds) if conds is not None else [],
         data_dependent_trips=step.data_dependent_trips or unbounded_grid,
         runs=runs,
         scratch_use=scratch_use,
         prefetch_use=prefetch_use,
+        dma_use=dma_use,
         prefetch_index_maps=[i for i, bm in enumerate(gm.block_mappings)
                              if traffic_analysis.reads_prefetched(bm, len(grid))],
     )
 
 
-def _ref_evidence(gm: Any, kernel_jaxpr: Any) -> tuple[list[RefUse], list[RefUse]]:
-    """Uses of the scratch refs and the prefetched-scalar refs of a kernel body, whose inputs
-    are, in order: prefetched scalars, inputs, outputs, scratch."""
+def _ref_evidence(gm: Any, kernel_jaxpr: Any) -> tuple[list[RefUse], list[RefUse], list[RefUse]]:
+    """Uses of the scratch refs, of the prefetched-scalar refs and of the refs DMAs copy into,
+    of a kernel body whose inputs are, in order: prefetched scalars, inputs, outputs, scratch."""
     invars = kernel_jaxpr.invars
     n_pre, n_in, n_out = int(gm.num_index_operands), int(gm.num_inputs), int(gm.num_outputs)
     outputs = invars[n_pre + n_in:n_pre + n_in + n_out]
     scratch = invars[n_pre + n_in + n_out:]
     uses = ref_uses(kernel_jaxpr, [*scratch, *invars[:n_pre]], outputs)
-    return uses[:len(scratch)], uses[len(scratch):]
+    return uses[:len(scratch)], uses[len(scratch):], dma_uses(kernel_jaxpr, outputs)
 
 
 def _unbounded_trip_origins(closed_jaxpr: Any, arg_bounds: Any, bounds: intervals.ProgramBounds,

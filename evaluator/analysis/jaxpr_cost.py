@@ -150,6 +150,20 @@ def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple
     return 1.0, True
 
 
+def loop_trips(jaxpr: Any, trips: Mapping[int, int | None] | None = None) -> list[int]:
+    """Trip counts of the loops of a kernel body (scans, while loops: `fori_loop` is one or the
+    other), nested ones included, in the order they appear, depth first; -1 where unknown. The
+    coverage stage matches a kernel's loops across sizes by this order."""
+    out: list[int] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("scan", "while"):
+            n, known = trip_count(eqn, trips)
+            out.append(int(n) if known else -1)
+        for sub in sub_jaxprs(eqn):
+            out += loop_trips(sub, trips)
+    return out
+
+
 @dataclass
 class _Reach:
     """Inside a kernel body: the conds decided by the grid position, and the share of grid

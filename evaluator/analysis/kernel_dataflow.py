@@ -8,13 +8,19 @@ run_scoped, calls) by position; each such binding joins the inner variable with 
 so a ref is one thing wherever it is used. Values read from a ref are followed through every
 equation (taint), and a ref that receives such a value, by a store or by a DMA, becomes a
 source in turn; this runs to a fixed point, so a value stored in one loop iteration and read in
-the next is followed too. It over-approximates (an equation that takes a followed value passes
-it to all its results), which is the safe side for a check that refuses kernels.
+the next is followed too. A DMA moves its source's contents into its destination, not back. It
+over-approximates (an equation that takes a followed value passes it to all its results), which
+is the safe side for a check that refuses kernels, with two exceptions that hold whatever the
+values: a select whose predicate is a constant passes only the case it chooses, and a product
+with a constant zero passes nothing. A feature used only where such an equation drops it feeds
+no output (evaluator/analysis/features.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+import numpy as np
 
 from evaluator.analysis.jaxpr_walk import is_closed_jaxpr, sub_jaxprs
 
@@ -36,10 +42,13 @@ class RefUse:
 
 
 class Aliases:
-    """Union-find over jaxpr variables: an inner binding and its outer operand are one."""
+    """Union-find over jaxpr variables: an inner binding and its outer operand are one. A
+    variable bound to a literal (`jnp.where(False, ...)` passes False into its jaxpr) keeps the
+    literal's value in `constants`, by its root."""
 
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
+        self.constants: dict[int, Any] = {}
 
     def find(self, v: Any) -> int:
         key = id(v)
@@ -52,6 +61,16 @@ class Aliases:
     def join(self, a: Any, b: Any) -> None:
         if is_var(a) and is_var(b):
             self.parent[self.find(a)] = self.find(b)
+        elif is_var(a) != is_var(b):  # one side a literal
+            var, literal = (a, b) if is_var(a) else (b, a)
+            if hasattr(literal, "val"):
+                self.constants[self.find(var)] = literal.val
+
+    def constant(self, v: Any) -> Any:
+        """The value of a literal, or of a variable known to hold one; None otherwise."""
+        if hasattr(v, "val") and not is_var(v):
+            return v.val
+        return self.constants.get(self.find(v)) if is_var(v) else None
 
 
 def is_var(v: Any) -> bool:
@@ -117,8 +136,84 @@ def ref_uses(kernel_jaxpr: Any, sources: list[Any], outputs: list[Any]) -> list[
     `outputs` are the body's output refs."""
     aliases = Aliases()
     eqns = list(_flatten(kernel_jaxpr, aliases))
+    _fold_constants(eqns, aliases)
     out_ids = {aliases.find(o) for o in outputs}
     return [_follow(eqns, aliases, aliases.find(src), out_ids) for src in sources]
+
+
+def dma_uses(kernel_jaxpr: Any, outputs: list[Any]) -> list[RefUse]:
+    """The use of each distinct ref a DMA of the body copies into: what the kernel does with
+    what its DMAs bring. A destination that is an output ref reaches the output by itself."""
+    aliases = Aliases()
+    eqns = list(_flatten(kernel_jaxpr, aliases))
+    _fold_constants(eqns, aliases)
+    out_ids = {aliases.find(o) for o in outputs}
+    destinations = list(dict.fromkeys(ends[1] for e in eqns if e.primitive.name == "dma_start"
+                                      and (ends := dma_ends(e, aliases)) is not None))
+    uses = []
+    for dst in destinations:
+        use = _follow(eqns, aliases, dst, out_ids)
+        if dst in out_ids:
+            use.read = use.reaches_output = True
+        uses.append(use)
+    return uses
+
+
+def dma_ends(eqn: Any, aliases: Aliases) -> tuple[int, int] | None:
+    """(source ref, destination ref) of a dma_start, from its operand tree; None where this
+    jax lays its operands out otherwise."""
+    try:
+        src, dst = eqn.params["tree"].unflatten(list(eqn.invars))[:2]
+    except Exception:  # noqa: BLE001  (another jax's layout of the operands)
+        return None
+    src, dst = getattr(src, "ref", src), getattr(dst, "ref", dst)
+    if not (is_ref(src) and is_ref(dst)):
+        return None
+    return aliases.find(src), aliases.find(dst)
+
+
+# Equations whose result is their operand's value, reshaped or cast: a constant stays one.
+_PASS_THROUGH = frozenset({"broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "expand_dims"})
+
+
+def _fold_constants(eqns: list[Any], aliases: Aliases) -> None:
+    """Record, in body order, the variables that hold a literal's value reshaped or cast (the
+    predicate `jnp.where(False, ...)` broadcasts, a zero a value is multiplied by)."""
+    for eqn in eqns:
+        if eqn.primitive.name in _PASS_THROUGH and eqn.invars and eqn.outvars:
+            value = aliases.constant(eqn.invars[0])
+            if value is not None and is_var(eqn.outvars[0]):
+                aliases.constants[aliases.find(eqn.outvars[0])] = value
+
+
+def _flowing(eqn: Any, aliases: Aliases) -> list[Any]:
+    """The operands whose values reach an arithmetic equation's results: all of them, but the
+    cases a constant predicate does not choose (select_n) and anything multiplied by a constant
+    zero, whose product is zero whatever it was."""
+    name, ins = eqn.primitive.name, list(eqn.invars)
+    if name == "select_n" and ins:
+        which = _scalar(aliases.constant(ins[0]))
+        if which is not None and 0 <= int(which) < len(ins) - 1:
+            return [ins[1 + int(which)]]
+    if name == "mul" and any(_scalar(aliases.constant(v)) == 0 for v in ins):
+        return []
+    return ins
+
+
+def _scalar(value: Any) -> Any:
+    """A constant's one value (a literal, or an array holding it everywhere), else None."""
+    if value is None:
+        return None
+    flat = np.asarray(value).ravel()
+    return flat[0].item() if flat.size and (flat == flat[0]).all() else None
+
+
+# Equations whose nested jaxprs `_flatten` walks with their operands and results bound
+# (bind_sub_jaxprs): what flows through them is what flows through their equations, so they pass
+# nothing of their own. A cond's branch index decides which branch runs: its value reaches
+# everything the cond computes or writes (`_follow`).
+_TRANSPARENT = frozenset({"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                          "checkpoint", "remat", "while", "scan", "cond"})
 
 
 def _follow(eqns: list[Any], aliases: Aliases, source: int, outputs: set[int]) -> RefUse:
@@ -129,7 +224,10 @@ def _follow(eqns: list[Any], aliases: Aliases, source: int, outputs: set[int]) -
         if refs and refs[0] == source:
             use.written |= name in WRITES
             use.read |= name in READS
-        if source in refs and name not in READS | WRITES:  # a DMA from or into it, or a call
+        if name == "dma_start" and (ends := dma_ends(eqn, aliases)) is not None:
+            use.read |= ends[0] == source   # copied out of
+            use.written |= ends[1] == source  # copied into
+        elif source in refs and name not in READS | WRITES | _TRANSPARENT:  # a DMA of unknown layout
             use.written = use.read = True
     carriers = {source}  # refs holding data that came from the source
     tainted: set[int] = set()  # values computed from such data
@@ -139,14 +237,21 @@ def _follow(eqns: list[Any], aliases: Aliases, source: int, outputs: set[int]) -
         for eqn in eqns:
             name = eqn.primitive.name
             refs = [aliases.find(v) for v in eqn.invars if is_ref(v)]
-            from_value = any(aliases.find(v) in tainted for v in eqn.invars if is_var(v) and not is_ref(v))
+            flowing = eqn.invars[:1] if name == "cond" else [] if name in _TRANSPARENT else _flowing(eqn, aliases)
+            from_value = any(aliases.find(v) in tainted for v in flowing if is_var(v) and not is_ref(v))
             use.feeds_computation |= from_value
-            if name in WRITES:  # a store: its first ref receives the value; swap returns the old one
+            ends = dma_ends(eqn, aliases) if name == "dma_start" else None
+            if name in _TRANSPARENT:  # its own equations carry it; a cond's index, everything it does
+                receives = returns = from_value
+                targets = refs
+            elif name in WRITES:  # a store: its first ref receives the value; swap returns the old one
                 receives, returns = from_value, bool(refs) and refs[0] in carriers
                 targets = refs[:1]
             elif name in READS:
                 receives, returns = False, from_value or (bool(refs) and refs[0] in carriers)
                 targets = []
+            elif ends is not None:  # a DMA moves its source's contents into its destination
+                receives, returns, targets = ends[0] in carriers, False, [ends[1]]
             else:  # arithmetic, or a DMA / call that moves between all its refs
                 moved = from_value or any(r in carriers for r in refs)
                 receives, returns, targets = moved, moved, refs

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from evaluator.analysis.jaxpr_cost import trip_count, walk
 from evaluator.analysis.jaxpr_walk import sub_jaxprs
-from evaluator.analysis.kernel_dataflow import READS, WRITES, Aliases, bind_sub_jaxprs, is_ref, is_var
+from evaluator.analysis.kernel_dataflow import READS, WRITES, Aliases, bind_sub_jaxprs, dma_ends, is_ref, is_var
 
 
 @dataclass
@@ -91,7 +91,7 @@ def _needs(eqn: Any, aliases: Aliases, live_refs: set[int], live_values: set[int
     if name in READS and refs:
         return ({refs[0]}, values) if result_live else None
     if name == "dma_start":
-        ends = _dma_ends(eqn, aliases)
+        ends = dma_ends(eqn, aliases)
         if ends is not None:
             src, dst = ends
             return ({src, *refs}, values) if dst in live_refs else None
@@ -100,18 +100,6 @@ def _needs(eqn: Any, aliases: Aliases, live_refs: set[int], live_values: set[int
     if result_live or any(r in live_refs for r in refs):
         return set(refs), values
     return None
-
-
-def _dma_ends(eqn: Any, aliases: Aliases) -> tuple[int, int] | None:
-    """(source ref, destination ref) of a dma_start, from its operand tree."""
-    try:
-        src, dst = eqn.params["tree"].unflatten(list(eqn.invars))[:2]
-    except Exception:  # noqa: BLE001  (another jax's layout of the operands)
-        return None
-    src, dst = getattr(src, "ref", src), getattr(dst, "ref", dst)
-    if not (is_ref(src) and is_ref(dst)):
-        return None
-    return aliases.find(src), aliases.find(dst)
 
 
 def _weigh(eqn: Any, mult: float) -> tuple[float, float]:

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from evaluator.analysis.grid_conds import grid_cond_branches
+from evaluator.analysis.grid_conds import GridConds, grid_cond_branches
 from evaluator.analysis.jaxpr_cost import Cost, walk
 
 MAX_GRID_POINTS = 1 << 22  # beyond this, assume a fetch on every step instead of evaluating
@@ -73,9 +73,9 @@ def _reads(jaxpr: Any, variables: list) -> bool:
 
 
 def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | None = None,
-                         grid: tuple[int, ...] | None = None) -> Cost:
+                         grid: tuple[int, ...] | None = None) -> tuple[Cost, GridConds | None]:
     """FLOPs and bytes copied by manual DMAs for one grid step of the kernel body, the mean
-    over the steps of `grid` (when it is static).
+    over the steps of `grid` (when it is static); and the branches its grid-decided conds take.
 
     Matmuls count 2 x output x contraction, other arithmetic one per element; loops count
     their trip count (a while loop its maximum from `trips`, evaluator/analysis/intervals.py, else
@@ -85,4 +85,4 @@ def kernel_cost_per_step(kernel_jaxpr: Any, trips: Mapping[int, int | None] | No
     buffer filled from a slice of an HBM array).
     """
     conds = grid_cond_branches(kernel_jaxpr, grid, trips) if grid is not None else None
-    return walk(kernel_jaxpr, trips, grid_conds=conds)
+    return walk(kernel_jaxpr, trips, grid_conds=conds), conds

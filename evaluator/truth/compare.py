@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evaluator.truth.stress import SENSITIVITY_MULTIPLE
 from tasks.spec import Tolerance
 
 
@@ -32,10 +33,14 @@ class Comparison:
 TPU_ROUNDING_MULTIPLE = 2.0
 
 
-def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance, tpu_ref: np.ndarray | None = None) -> Comparison:
+def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance, tpu_ref: np.ndarray | None = None,
+            sensitivity: np.ndarray | None = None) -> Comparison:
     """Element-wise bound plus a relative-L2 bound, in float64 (see tasks.spec.Tolerance).
     `tpu_ref`, the reference with its dots rounded as a TPU rounds them, widens each element's
     bound by TPU_ROUNDING_MULTIPLE times its distance from `ref`; the L2 bound stays as it is.
+    `sensitivity` (stress cases: how far one float32 ulp of every input moves each element,
+    evaluator/truth/stress.py) widens each element's bound, and the L2 bound, by
+    SENSITIVITY_MULTIPLE times that movement.
 
     Coverage cases reach millions of elements, and the last case's comparison is on a
     grading's critical path: each float64 pass is made once, in place where it can be, and the
@@ -56,8 +61,13 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance, tpu_ref: np.ndarra
             rounding = np.where(np.isfinite(rounding), rounding, 0.0)
         rounding *= TPU_ROUNDING_MULTIPLE
         allowed += rounding
-    bad = ~(err <= allowed)  # NaN compares False, so NaN outputs count as bad
     ref_norm = float(np.linalg.norm(ref64))
+    rel_l2_bound = tol.rel_l2
+    if sensitivity is not None:
+        moved = np.where(np.isfinite(sensitivity), sensitivity, 0.0) * SENSITIVITY_MULTIPLE
+        allowed += moved
+        rel_l2_bound += float(np.linalg.norm(moved)) / ref_norm if ref_norm > 0 else 0.0
+    bad = ~(err <= allowed)  # NaN compares False, so NaN outputs count as bad
     finite_err = err if finite else np.where(np.isfinite(err), err, 0.0)
     err_norm = float(np.linalg.norm(finite_err))
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else err_norm
@@ -75,7 +85,7 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance, tpu_ref: np.ndarra
         else:
             element_ratio = float(np.max(np.where(allowed > 0, err / allowed, np.where(err > 0, np.inf, 0.0)))) \
                 if err.size else 0.0
-    l2_ratio = rel_l2 / tol.rel_l2 if tol.rel_l2 > 0 else (0.0 if rel_l2 == 0 else float("inf"))
+    l2_ratio = rel_l2 / rel_l2_bound if rel_l2_bound > 0 else (0.0 if rel_l2 == 0 else float("inf"))
     bound_ratio = max(element_ratio, l2_ratio)
     reasons = []
     if nonfinite:
@@ -84,8 +94,8 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance, tpu_ref: np.ndarra
         n_bad = int(np.count_nonzero(bad))
         reasons.append(f"{n_bad} of {bad.size} elements outside tolerance"
                        if mismatch < 0.001 else f"{mismatch:.1%} of elements outside tolerance")
-    if rel_l2 > tol.rel_l2:
-        reasons.append(f"relative L2 error {rel_l2:.3g} > {tol.rel_l2:g}")
+    if rel_l2 > rel_l2_bound:
+        reasons.append(f"relative L2 error {rel_l2:.3g} > {rel_l2_bound:.3g}")
     return Comparison(ok=not reasons, max_abs_err=max_abs, max_rel_err=max_rel, rel_l2_err=rel_l2,
                       mismatch_fraction=mismatch, worst_index=[int(i) for i in worst],
                       nonfinite=nonfinite, reason="; ".join(reasons),

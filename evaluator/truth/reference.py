@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from evaluator.truth.stress import perturbed
 from tasks.spec import Case, Task
 
 if TYPE_CHECKING:
@@ -88,27 +89,40 @@ class ReferenceCache:
         """The reference's outputs with its dots rounded as a TPU rounds them (compare.py)."""
         return self._expected(task, case, seed)[1]
 
+    def sensitivity_for(self, task: Task, case: Case, seed: int) -> list[np.ndarray | None] | None:
+        """For a stress case, how far one float32 ulp of every input moves each of the
+        reference's float outputs (evaluator/truth/stress.py); None for other cases and outputs."""
+        return self._expected(task, case, seed)[2]
+
     def _sample(self, task: Task, case: Case, seed: int) -> tuple[tuple[np.ndarray, ...], list[np.ndarray] | None]:
         def make() -> tuple[tuple[np.ndarray, ...], list[np.ndarray] | None]:
             if task.external is not None:  # third-party code: inputs and outputs come from its sandbox
                 inputs, outputs = task.external.sample(case, seed)
             else:
-                inputs, outputs = task.make_inputs(case, np.random.default_rng(seed)), None
+                inputs, outputs = task.inputs(case, np.random.default_rng(seed)), None
             for a in inputs:
                 a.flags.writeable = False  # shared between gradings: nobody may change them
             return tuple(inputs), outputs
 
         return self._once(self._inputs, (*_identity(task), case.name, seed), make)
 
-    def _expected(self, task: Task, case: Case, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        def make() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def _expected(self, task: Task, case: Case, seed: int
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None] | None]:
+        def make() -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None] | None]:
             inputs, sampled = self._sample(task, case, seed)
             if task.external is not None:
-                return sampled, self.outputs(task, case, inputs, tpu_dots=True)
+                return sampled, self.outputs(task, case, inputs, tpu_dots=True), None
             # Both in one program: one compile, and what the two share is computed once.
             exact, tpu = self._reference_fn(task, tpu_dots=None)(*[_upcast(a) for a in inputs])
             leaves = _jax().tree_util.tree_leaves
-            return [np.asarray(x) for x in leaves(exact)], [np.asarray(x) for x in leaves(tpu)]
+            exact = [np.asarray(x) for x in leaves(exact)]
+            spread = None
+            if case.stress:
+                moved = self.outputs(task, case, perturbed(inputs, np.random.default_rng(seed)))
+                # an integer output (an argmax) has no rounding to allow for: a moved tie is not one
+                spread = [np.abs(m.astype(np.float64) - e.astype(np.float64)) if _is_float(e.dtype.name) else None
+                          for m, e in zip(moved, exact)]
+            return exact, [np.asarray(x) for x in leaves(tpu)], spread
 
         return self._once(self._outputs, (*_identity(task), case.name, seed), make)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, Tolerance, case_grid, np_dtype
+from tasks.spec import ArgSpec, Case, Stress, Task, Tolerance, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 _EXACT = Tolerance(atol=0.0, rtol=0.0, rel_l2=0.0)
@@ -45,6 +45,17 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return (x,)
 
 
+def tied_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Rows of small integers (0 to 7, minus a per-row offset of 0 to 6), exact in either dtype:
+    each row's maximum repeats at many columns, across column blocks, and the argmax is the
+    first of them (jnp.argmax's rule), which a comparison that keeps the later of equal values,
+    or a merge of blocks that prefers the later block, does not return. The task's own inputs
+    keep every maximum unique."""
+    rows, d = case.dims["rows"], case.dims["d"]
+    x = rng.integers(0, 8, size=(rows, d)) - rng.integers(0, 7, size=(rows, 1))
+    return (x.astype(np.float32).astype(np_dtype(case.dtype)),)
+
+
 CASES = (
     # Several column blocks (the running best carries across grid steps); several row blocks.
     case_grid("train", "check", [dict(rows=512, d=2048), dict(rows=530, d=960)], _DTYPES)
@@ -70,4 +81,5 @@ TASK = Task(
     solution_path=Path(__file__).with_name("solution.py"),
     # Indices are exact: any wrong row is a wrong answer.
     tolerances={"float32": _EXACT, "bfloat16": _EXACT},
+    stresses=(Stress("ties", "rows whose maximum repeats at many columns", tied_inputs),),
 )

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from tasks.references import attention_bwd_reference
-from tasks.spec import ArgSpec, Case, Task, Tolerance, case_grid, normal, np_dtype
+from tasks.spec import ArgSpec, Case, Stress, Task, Tolerance, case_grid, normal, np_dtype
+from tasks.stresses import LARGE_LOGITS, logit_offset
 
 _DTYPES = ("float32", "bfloat16")
 # As in attention_fwd: q and k scaled so the softmax rows are peaky.
@@ -82,10 +83,13 @@ def forward_stats(q, k, v, *, causal: bool):
     return o, lse
 
 
-def make_inputs_for(case: Case, rng: np.random.Generator, *, causal: bool):
+def make_inputs_for(case: Case, rng: np.random.Generator, *, causal: bool, large_logits: bool = False):
+    """`large_logits`: the stress regime's q and k (tasks/stresses.py, logit_offset)."""
     specs = arg_specs(case)
     q = spiky(rng, specs[0].shape, case.dtype, _QK_SCALE)
     k = spiky(rng, specs[1].shape, case.dtype, _QK_SCALE)
+    if large_logits:
+        q, k = (x.astype(np_dtype(case.dtype)) for x in logit_offset(q, k, rng))
     v = normal(rng, specs[2].shape, case.dtype)
     do = normal(rng, specs[5].shape, case.dtype)
     # o and lse from the dtype-rounded q, k, v: exactly the forward pass of these inputs.
@@ -95,6 +99,10 @@ def make_inputs_for(case: Case, rng: np.random.Generator, *, causal: bool):
 
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return make_inputs_for(case, rng, causal=False)
+
+
+def large_logit_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    return make_inputs_for(case, rng, causal=False, large_logits=True)
 
 
 # Check sizes keep each of a flash backward's two TPU-interpret grids at <= 16 steps with
@@ -109,7 +117,7 @@ CASES = (
 )
 
 
-def build_task(*, name: str, description: str, reference_fn, make_inputs_fn,
+def build_task(*, name: str, description: str, reference_fn, make_inputs_fn, large_logit_inputs_fn,
                solution_path: Path, necessary_flops_share: float = 1.0) -> Task:
     """An attention-backward task over the shared cases; the two variants differ only in the mask."""
     return Task(
@@ -128,6 +136,7 @@ def build_task(*, name: str, description: str, reference_fn, make_inputs_fn,
         required_features=(),
         tolerances=dict(TOLERANCES),
         necessary_flops_share=necessary_flops_share,
+        stresses=(Stress("large_logits", LARGE_LOGITS, large_logit_inputs_fn),),
     )
 
 
@@ -138,5 +147,6 @@ TASK = build_task(
                  "scaled logits, float32) and do; float32 math, outputs in q.dtype."),
     reference_fn=reference,
     make_inputs_fn=make_inputs,
+    large_logit_inputs_fn=large_logit_inputs,
     solution_path=Path(__file__).with_name("solution.py"),
 )

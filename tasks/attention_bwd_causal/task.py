@@ -13,6 +13,10 @@ def make_inputs(case, rng):
     return make_inputs_for(case, rng, causal=True)
 
 
+def large_logit_inputs(case, rng):
+    return make_inputs_for(case, rng, causal=True, large_logits=True)
+
+
 TASK = build_task(
     name="attention_bwd_causal",
     description=("Causal multi-head attention backward (query i attends to keys j <= i): dq, dk, dv "
@@ -20,6 +24,7 @@ TASK = build_task(
                  "the scaled, masked logits, float32) and do; float32 math, outputs in q.dtype."),
     reference_fn=reference,
     make_inputs_fn=make_inputs,
+    large_logit_inputs_fn=large_logit_inputs,
     solution_path=Path(__file__).with_name("solution.py"),
     necessary_flops_share=0.5,  # the masked upper triangle of the logits need not be computed
 )

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from tasks.references import attention_reference
-from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Stress, Task, case_grid, normal, np_dtype
+from tasks.stresses import LARGE_LOGITS, logit_offset
 
 _DTYPES = ("float32", "bfloat16")
 # q and k scaled so the logits have std ~2.25: the softmax is peaky (a few keys dominate each row),
@@ -49,6 +50,12 @@ CASES = (
 )
 
 
+def large_logit_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    q, k, v = make_inputs(case, rng)
+    q, k = logit_offset(q, k, rng)
+    return q.astype(np_dtype(case.dtype)), k.astype(np_dtype(case.dtype)), v
+
+
 def build_task(*, name: str, description: str, reference_fn, solution_path: Path,
                necessary_flops_share: float = 1.0) -> Task:
     """An attention-forward task over the shared cases; the two variants differ only in the mask."""
@@ -67,6 +74,7 @@ def build_task(*, name: str, description: str, reference_fn, solution_path: Path
         required_features=(),
         tolerances=dict(ATTENTION_TOLERANCES),
         necessary_flops_share=necessary_flops_share,
+        stresses=(Stress("large_logits", LARGE_LOGITS, large_logit_inputs),),
     )
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ArgSpec, Case, Task, Tolerance, case_grid, np_dtype
+from tasks.spec import ArgSpec, Case, Stress, Task, Tolerance, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 # Logit offset carried by a constant input feature: every logit is ~8 below zero, so a kernel
@@ -54,6 +54,15 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return h.astype(np_dtype(case.dtype)), w.astype(np_dtype(case.dtype)), labels
 
 
+def large_logit_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Logits around +90 instead of -8 (row 0 of w, which every logit takes once, set to +90):
+    exp overflows float32 unless the logsumexp takes its max out first."""
+    h, w, labels = make_inputs(case, rng)
+    w = w.copy()
+    w[0, :] = 90.0
+    return h, w, labels
+
+
 CASES = (
     case_grid("train", "check", [dict(m=1024, d=128, v=1024), dict(m=140, d=320, v=1800)], _DTYPES)
     # Held-out shapes differ in kind: unaligned m, d and vocabulary (padded columns must be
@@ -90,4 +99,5 @@ TASK = Task(
     solution_path=Path(__file__).with_name("solution.py"),
     required_features=("vmem_scratch",),
     tolerances={"float32": _TOL_F32, "bfloat16": _TOL},
+    stresses=(Stress("large_logits", "logits around +90, where exp overflows float32", large_logit_inputs),),
 )

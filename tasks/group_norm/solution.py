@@ -1,11 +1,13 @@
 """Group norm over NHWC activations: one read of x, one write of the output.
 
 Grid (sample, phase, spatial block): the sample axis is "parallel", the other two run in order.
-Phase 0 walks the [bh, C] spatial blocks of one sample and accumulates per-channel sums of x
-and x^2 (f32) in VMEM scratch; rows past the end of a ragged last block are masked out.
-Phase 1 starts by folding those sums into per-group mean and variance (one small matmul with
-a 0/1 same-group matrix built from iota), turns them with gamma and beta into a per-channel
-scale and shift, then walks the blocks again writing x * scale + shift.
+Phase 0 walks the [bh, C] spatial blocks of one sample and accumulates per-channel sums of
+x - pivot and (x - pivot)^2 (f32) in VMEM scratch, the pivot being the sample's first row: a
+channel centred far from zero keeps its digits (E[x^2] - E[x]^2 cancels them); rows past the
+end of a ragged last block are masked out. Phase 1 starts by folding those sums into
+per-group mean and variance (small matmuls with a 0/1 same-group matrix built from iota),
+turns them with gamma and beta into a per-channel scale and shift, then walks the blocks again
+writing x * scale + shift.
 
 BLOCK_ROWS (4096) covers a whole bench sample ([4096, 512]: 4 MiB in bf16, 8 MiB in f32), so
 a sample is one block: there is then no phase axis at all, the single grid step per sample
@@ -27,7 +29,7 @@ BLOCK_ROWS = 4096  # spatial rows per block (a whole sample at bench sizes)
 _MIB = 1 << 20
 
 
-def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, scale_ref, shift_ref,
+def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, pivot_ref, scale_ref, shift_ref,
                       *, hw, groups, one_pass):
     # one_pass: the whole sample is one block and the grid has no phase axis; this step does
     # both sweeps.
@@ -43,10 +45,13 @@ def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, scale_r
     def _zero():
         s1_ref[...] = jnp.zeros_like(s1_ref)
         s2_ref[...] = jnp.zeros_like(s2_ref)
+        pivot_ref[...] = x_ref[0:1, :].astype(jnp.float32)             # [1, c]: row 0 of the sample
 
     @when(phase == 0)
     def _accumulate():
-        x = x_ref[...].astype(jnp.float32)                              # [bh, c]
+        # Sums of x - pivot, not of x: a channel centred far from zero (activations after
+        # residual adds) keeps its digits; E[x^2] - E[x]^2 would cancel them.
+        x = x_ref[...].astype(jnp.float32) - pivot_ref[...]            # [bh, c]
         if hw % bh:  # ragged last block: its rows past hw hold padding
             row = j * bh + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
             x = jnp.where(row < hw, x, 0.0)
@@ -55,21 +60,27 @@ def group_norm_kernel(x_ref, gamma_ref, beta_ref, o_ref, s1_ref, s2_ref, scale_r
 
     @when((phase == 1) & (j == 0) if not one_pass else True)
     def _group_stats():
-        # Group sums per channel in one MXU product: sums[8, c] @ member[c, c] (rows 0 and 1
-        # of sums: sum of x and of x^2 per channel), where
-        # member[i, j] = 1 when channels i and j share a group (group = floor(channel / cg),
-        # computed in f32: exact for these small integers). HIGHEST keeps the f32 sums exact.
+        # Per channel: its mean (pivot + mean of x - pivot) and its second central moment.
+        # Per group, averaged over its channels in an MXU product with member[c, c] (1 where
+        # channels i and j share a group: group = floor(channel / cg), in f32, exact for these
+        # small integers): the mean, and the variance as the mean of each channel's moment
+        # plus its squared distance from the group mean. HIGHEST keeps the f32 values exact.
         ci = jax.lax.broadcasted_iota(jnp.int32, (c, c), 0).astype(jnp.float32)
         cj = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1).astype(jnp.float32)
         group_of = lambda ch: jnp.floor((ch + 0.5) * (1.0 / cg))
         member = (group_of(ci) == group_of(cj)).astype(jnp.float32)
         row = jax.lax.broadcasted_iota(jnp.int32, (8, c), 0)
-        sums = jnp.where(row == 0, s1_ref[...], jnp.where(row == 1, s2_ref[...], 0.0))  # [8, c]
-        group_sums = jnp.dot(sums, member, precision=jax.lax.Precision.HIGHEST,
-                             preferred_element_type=jnp.float32) * (1.0 / (hw * cg))
-        mean = group_sums[0:1, :]                                       # [1, c]
-        mean_sq = group_sums[1:2, :]
-        var = jnp.maximum(mean_sq - mean * mean, 0.0)
+
+        def group_mean(per_channel):                                    # [1, c] -> [1, c]
+            rows = jnp.where(row == 0, per_channel, 0.0)                # [8, c]
+            return jnp.dot(rows, member, precision=jax.lax.Precision.HIGHEST,
+                           preferred_element_type=jnp.float32)[0:1, :] * (1.0 / cg)
+
+        shifted_mean = s1_ref[...] * (1.0 / hw)
+        channel_mean = pivot_ref[...] + shifted_mean                    # [1, c]
+        moment = jnp.maximum(s2_ref[...] * (1.0 / hw) - shifted_mean * shifted_mean, 0.0)
+        mean = group_mean(channel_mean)
+        var = group_mean(moment + (channel_mean - mean) ** 2)
         scale = jax.lax.rsqrt(var + EPS) * gamma_ref[...].astype(jnp.float32)
         scale_ref[...] = scale
         shift_ref[...] = beta_ref[...].astype(jnp.float32) - mean * scale
@@ -113,7 +124,7 @@ def _group_norm(x, gamma, beta, *, groups, bh):
         in_specs=[x_spec, vec_spec, vec_spec],
         out_specs=out_spec,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        scratch_shapes=[pltpu.VMEM((1, c), jnp.float32) for _ in range(4)],
+        scratch_shapes=[pltpu.VMEM((1, c), jnp.float32) for _ in range(5)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=semantics,
             vmem_limit_bytes=int(min(max(vmem, 32 * _MIB), 100 * _MIB))),

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, normal, np_dtype
+from tasks.stresses import large_offset, small_scale
 
 _DTYPES = ("float32", "bfloat16")
 EPS = 1e-5
@@ -65,4 +66,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    stresses=(large_offset(make_inputs), small_scale(make_inputs)),
 )

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, normal, np_dtype
+from tasks.spec import ArgSpec, Case, Stress, Task, case_grid, normal, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -54,6 +54,18 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
             normal(rng, c_spec.shape, case.dtype, scale=n ** -0.5))
 
 
+def long_memory_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Decays of 0.999 to 0.9999 (memories of 1,000 to 10,000 steps, as slow channels of
+    state-space models have) and x scaled by 10 sqrt(1 - a^2), so the state stays O(1): the state
+    of the first chunk still matters at the last, and a recurrence that drops or truncates what
+    crosses chunk boundaries is off there, where the task's memories of 5 to 100 steps forget it."""
+    x, _, b, c = make_inputs(case, rng)
+    a_spec = arg_specs(case)[1]
+    a = 1.0 - np.exp(rng.uniform(np.log(1e-4), np.log(1e-3), size=a_spec.shape))
+    x = x.astype(np.float32) * np.sqrt(1.0 - a ** 2).astype(np.float32) * 10.0
+    return (x.astype(np_dtype(case.dtype)), a.astype(np.float32).astype(np_dtype(case.dtype)), b, c)
+
+
 CASES = (
     case_grid("train", "check", [dict(B=2, T=512, D=256, N=16), dict(B=2, T=300, D=320, N=16)],
               _DTYPES)
@@ -81,4 +93,6 @@ TASK = Task(
     solution_path=Path(__file__).with_name("solution.py"),
     required_features=("vmem_scratch",),
     heldout_task=True,
+    stresses=(Stress("long_memory", "decays of 0.999 to 0.9999: memories longer than the sequence",
+                     long_memory_inputs),),
 )

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, np_dtype
+from tasks.spec import ArgSpec, Case, Stress, Task, activation_shape, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -33,6 +33,14 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return ((logits + offsets).astype(np_dtype(case.dtype)),)
 
 
+def negative_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """The task's logits moved down by 200: every row far below zero, so a running max seeded
+    with 0 (rather than -inf or the first value) is 0, and exp(x - 0) underflows to 0 in every
+    column (log_softmax itself does not change)."""
+    (x,) = make_inputs(case, rng)
+    return ((x.astype(np.float32) - 200.0).astype(x.dtype),)
+
+
 CASES = (
     # 2-D [rows, d] and 3-D [b, s, d].
     case_grid("train", "check", [dict(rows=512, d=512), dict(rows=900, d=320)], _DTYPES)
@@ -56,4 +64,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    stresses=(Stress("negative_logits", "rows of logits around -100, every value below zero", negative_inputs),),
 )

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from tasks.references import attention_reference
-from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Stress, Task, case_grid, normal, np_dtype
+from tasks.stresses import LARGE_LOGITS, logit_offset
 
 _DTYPES = ("float32", "bfloat16")
 # As in attention_fwd: q and k scaled so the logits have std ~2.25 and the softmax is peaky,
@@ -42,6 +43,12 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 # Check sizes keep the TPU-interpret grid small (<= ~16 steps) for a kernel that takes up to 512
 # query rows (of one or several heads) per block and 128 keys per block.
+def large_logit_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    q, k, v = make_inputs(case, rng)
+    q, k = logit_offset(q, k, rng)
+    return q.astype(np_dtype(case.dtype)), k.astype(np_dtype(case.dtype)), v
+
+
 CASES = (
     case_grid("train", "check", [dict(b=2, hq=4, s=256, d=128), dict(b=1, hq=4, s=300, d=128)],
               _DTYPES)
@@ -69,4 +76,5 @@ TASK = Task(
     solution_path=Path(__file__).with_name("solution.py"),
     tolerances=dict(ATTENTION_TOLERANCES),
     required_features=(),
+    stresses=(Stress("large_logits", LARGE_LOGITS, large_logit_inputs),),
 )

@@ -5,6 +5,7 @@ k_pages / v_pages [kv_heads, pages, page_size, head_dim]. Query head h (of hq) a
 head h // (hq // hkv) to the keys at positions < lengths[b]; scale head_dim**-0.5, softmax in
 float32, output in q.dtype.
 """
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -12,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Stress, Task, case_grid, normal, np_dtype
+from tasks.stresses import LARGE_LOGITS, logit_offset
 
 _DTYPES = ("float32", "bfloat16")
 # q and k scaled so the logits have std ~2.25: the softmax is peaky and the output is O(0.1-1)
@@ -82,6 +84,12 @@ def int_bounds(case: Case) -> list[tuple[int, int] | None]:
     return [None, None, None, (1, d["pages_per_seq"] * d["page_size"]), (0, d["pages"] - 1)]
 
 
+def fit_case(case: Case) -> Case:
+    """A grader-derived case with a pool of pages large enough for every sequence's pages."""
+    d = case.dims
+    return dataclasses.replace(case, dims={**d, "pages": max(d["pages"], d["b"] * d["pages_per_seq"])})
+
+
 def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     q_spec, k_spec, v_spec, _, _ = arg_specs(case)
     b, pps, pages = case.dims["b"], case.dims["pages_per_seq"], case.dims["pages"]
@@ -94,6 +102,33 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
             normal(rng, v_spec.shape, case.dtype),
             sequence_lengths(case, rng),
             page_indices)
+
+
+def large_logit_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    q, k_pages, v_pages, lengths, page_indices = make_inputs(case, rng)
+    q, k_pages = logit_offset(q, k_pages, rng)
+    return q.astype(np_dtype(case.dtype)), k_pages.astype(np_dtype(case.dtype)), v_pages, lengths, page_indices
+
+
+def stale_cache_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """A cache as a server leaves it: every page no sequence names, and every slot past a
+    sequence's length, holds an earlier request's keys and values, 30 times larger than the
+    live ones (their logits dwarf the live ones'); and lengths that end exactly on a page
+    boundary (the task's own never do) or at 1. A kernel must keep those slots out before the
+    softmax: a mask applied after exp (p * mask) meets exp of a huge logit, inf times 0."""
+    q, k_pages, v_pages, lengths, page_indices = make_inputs(case, rng)
+    b, ps = case.dims["b"], case.dims["page_size"]
+    lengths = (np.maximum(lengths + ps - 1, ps) // ps * ps).astype(np.int32)  # whole pages
+    lengths[int(rng.integers(b))] = 1
+    live = np.zeros(k_pages.shape[1:3], bool)  # [pages, page_size]
+    for seq in range(b):
+        for t in range(int(lengths[seq])):
+            live[page_indices[seq, t // ps], t % ps] = True
+    stale = ~live[None, :, :, None]
+    k_pages = np.where(stale, k_pages.astype(np.float32) * 30.0, k_pages.astype(np.float32))
+    v_pages = np.where(stale, v_pages.astype(np.float32) * 30.0, v_pages.astype(np.float32))
+    dt = np_dtype(case.dtype)
+    return q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_indices
 
 
 CASES = (
@@ -137,4 +172,8 @@ TASK = Task(
     solution_path=Path(__file__).with_name("solution.py"),
     tolerances=dict(ATTENTION_TOLERANCES),
     required_features=("scalar_prefetch", "manual_dma"),
+    fit_case=fit_case,
+    stresses=(Stress("large_logits", LARGE_LOGITS, large_logit_inputs),
+              Stress("stale_cache", "pages and slots past each length holding an earlier request's larger keys "
+                     "and values, and lengths ending on page boundaries", stale_cache_inputs)),
 )

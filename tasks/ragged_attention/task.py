@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import ATTENTION_TOLERANCES, ArgSpec, Case, Stress, Task, case_grid, normal, np_dtype
+from tasks.stresses import LARGE_LOGITS, logit_offset
 
 _DTYPES = ("float32", "bfloat16")
 # As in attention_fwd: q and k scaled so the softmax rows are peaky and outputs are O(0.1-1).
@@ -87,6 +88,23 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 
 # Check sizes keep the TPU-interpret grid at <= ~16 steps with 128-row blocks.
+def large_logit_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    q, k, v, lengths = make_inputs(case, rng)
+    q, k = logit_offset(q, k, rng)
+    return q.astype(np_dtype(case.dtype)), k.astype(np_dtype(case.dtype)), v, lengths
+
+
+def stale_padding_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """The padding positions of k and v (past each length) 30 times larger than the live ones,
+    as buffers reused from longer sequences hold: their logits dwarf the live ones', so a mask
+    applied after exp (p * mask) meets exp of a huge logit, inf times 0."""
+    q, k, v, lengths = make_inputs(case, rng)
+    padded = (np.arange(case.dims["s"])[None, :] >= lengths[:, None])[:, None, :, None]  # [b, 1, s, 1]
+    k = np.where(padded, k.astype(np.float32) * 30.0, k.astype(np.float32))
+    v = np.where(padded, v.astype(np.float32) * 30.0, v.astype(np.float32))
+    return q, k.astype(np_dtype(case.dtype)), v.astype(np_dtype(case.dtype)), lengths
+
+
 CASES = (
     case_grid("train", "check", [dict(b=2, h=2, s=256, d=128), dict(b=2, h=1, s=180, d=128)], _DTYPES,
               params=dict(lengths="spread"))
@@ -118,4 +136,7 @@ TASK = Task(
     tolerances=dict(ATTENTION_TOLERANCES),
     required_features=("scalar_prefetch",),
     heldout_task=True,
+    stresses=(Stress("large_logits", LARGE_LOGITS, large_logit_inputs),
+              Stress("stale_padding", "keys and values past each length 30 times larger than the live ones",
+                     stale_padding_inputs)),
 )

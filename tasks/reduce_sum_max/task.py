@@ -7,7 +7,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, case_grid, np_dtype
+from tasks.spec import ArgSpec, Case, Stress, Task, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -35,6 +35,13 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return (x.astype(np_dtype(case.dtype)),)
 
 
+def negative_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """The task's rows moved down by 10: every value negative, so a max seeded with 0 returns 0
+    (with the task's own inputs some value of every long row is positive)."""
+    (x,) = make_inputs(case, rng)
+    return ((x.astype(np.float32) - 10.0).astype(x.dtype),)
+
+
 CASES = (
     # Several column blocks (the reduction carries across grid steps); several row blocks.
     case_grid("train", "check", [dict(rows=256, d=2048), dict(rows=1030, d=576)], _DTYPES)
@@ -58,4 +65,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    stresses=(Stress("negative_rows", "rows whose every value is below zero", negative_inputs),),
 )

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, normal
+from tasks.stresses import small_scale
 
 _DTYPES = ("float32", "bfloat16")
 EPS = 1e-6
@@ -62,4 +63,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    stresses=(small_scale(make_inputs, which=(0, 1)),),
 )

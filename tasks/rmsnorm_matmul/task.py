@@ -7,6 +7,7 @@ import numpy as np
 from jax import lax
 
 from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal, np_dtype
+from tasks.stresses import small_scale
 
 _DTYPES = ("float32", "bfloat16")
 EPS = 1e-6
@@ -65,4 +66,5 @@ TASK = Task(
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
     tolerances=dict(MXU_TOLERANCES),
+    stresses=(small_scale(make_inputs, which=(0,)),),
 )

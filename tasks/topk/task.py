@@ -4,7 +4,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from tasks.spec import ArgSpec, Case, Task, activation_shape, case_grid, np_dtype
+from tasks.spec import ArgSpec, Case, Stress, Task, activation_shape, case_grid, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 K = 8  # fixed: a bounded selection, as in MoE routing and sampling
@@ -33,6 +33,14 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return ((sign * magnitude + offset).astype(np.float32).astype(np_dtype(case.dtype)),)
 
 
+def tied_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Rows of half-integers from -4 to 4 (exact in either dtype): the largest values repeat, and
+    the top 8 hold each as many times as the row does. A selection that masks every copy of the
+    value it took (x == best) instead of one position loses the repeats."""
+    (spec,) = arg_specs(case)
+    return ((rng.integers(-8, 9, size=spec.shape) / 2.0).astype(np.float32).astype(np_dtype(case.dtype)),)
+
+
 CASES = (
     case_grid("train", "check", [dict(rows=256, d=1024), dict(b=3, s=20, d=700)], _DTYPES)
     # Held-out: unaligned row counts and widths, a single row, a wide row.
@@ -53,4 +61,5 @@ TASK = Task(
     out_specs=out_specs,
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
+    stresses=(Stress("ties", "rows whose largest values repeat", tied_inputs),),
 )
