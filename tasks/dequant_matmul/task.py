@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Stress, Task, case_grid, normal, np_dtype
 
 _DTYPES = ("float32", "bfloat16")
 _INT8_STD = 127 / np.sqrt(3)  # std of integers uniform on [-127, 127]
@@ -41,6 +41,20 @@ def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return normal(rng, x_spec.shape, case.dtype), wq, scales.astype(np.float32)
 
 
+def outlier_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """x with a few features (one in 128) 50 to 100 times larger than the rest, as the
+    activations of large language models have (Dettmers et al., "LLM.int8()", 2022). A kernel
+    that quantizes x too (int8 x int8 on the MXU instead of weight-only) scales each row or
+    group by its largest value, and the other features lose their digits under it; on the
+    task's own inputs the same shortcut is off by little more than the bf16 rounding."""
+    x, wq, scales = make_inputs(case, rng)
+    k = x.shape[-1]
+    features = rng.choice(k, size=max(1, k // 128), replace=False)
+    x = x.astype(np.float32)
+    x[:, features] *= rng.uniform(50.0, 100.0, size=features.size).astype(np.float32)
+    return x.astype(np_dtype(case.dtype)), wq, scales
+
+
 CASES = (
     case_grid("train", "check", [dict(m=256, k=1024, n=512), dict(m=124, k=384, n=704)], _DTYPES)
     # Held-out shapes differ in kind: unaligned in every dim, a single row with a long K walk.
@@ -66,4 +80,6 @@ TASK = Task(
     cases=tuple(CASES),
     solution_path=Path(__file__).with_name("solution.py"),
     tolerances=dict(MXU_TOLERANCES),
+    stresses=(Stress("outlier_features", "activations with one feature in 128 at 50-100 times the others",
+                     outlier_inputs),),
 )
