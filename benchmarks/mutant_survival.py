@@ -69,7 +69,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="sample and grading seed")
     p.add_argument("--baseline", metavar="REV", help="also grade the sample with this git revision's grader, first")
     p.add_argument("--items", type=Path, help=argparse.SUPPRESS)  # a baseline run grades this sample
-    p.add_argument("--json", type=Path, help="write the statuses here (no report)")
+    p.add_argument("--json", type=Path, help="also write the statuses here")
     args = p.parse_args()
     items = json.loads(args.items.read_text()) if args.items else sample(args.sample, args.seed)
     if args.baseline:
@@ -81,6 +81,7 @@ def main() -> None:
     statuses = grade(items, args.seed)
     if args.json:
         args.json.write_text(json.dumps(statuses))
+    if args.items:  # a baseline run: its caller reports
         return
     print(f"now:\n{report(items, statuses, time.perf_counter() - start)}")
     for item, status in zip(items, statuses):

@@ -413,8 +413,9 @@ def _cover(ctx: GradingContext, plan: coverage.CoveragePlan, bench: Case, gaps: 
     the plan, and return the gaps none runs. First each gap's dimension grown to a few blocks
     (probes, one dimension at a time at its bench value, show which); then, for what that left,
     the probe itself (steps that do not follow the dimension in proportion, a branch only the
-    bench value takes); then every dimension but one at its bench value (a space several
-    dimensions drive), within a larger budget."""
+    bench value takes), or the probe less half a block where that leaves a ragged tail; then
+    every dimension but one at its bench value (a space several dimensions drive), within a
+    larger budget."""
     task = ctx.task
     base = coverage.base_case(task, ctx.split, bench)
     if base.name not in ctx.summaries:  # a check case in the bench case's dtype and params
@@ -430,6 +431,7 @@ def _cover(ctx: GradingContext, plan: coverage.CoveragePlan, bench: Case, gaps: 
     derived = _derive(ctx, plan, bench, cases, skipped)
     left = coverage.still_uncovered(gaps, list(derived.values()))
     if left:
+        single.update(_traced_probes(ctx, coverage.ragged_probes(task, left, single)))
         cases, _ = coverage.cases_from_probes(task, bench, left, single, budget)
         derived.update(_derive(ctx, plan, bench, cases, skipped))
         left = coverage.still_uncovered(gaps, list(derived.values()))

@@ -28,6 +28,11 @@ PROBLEMS = "jaxkernelbench"
 PRIORITY = "priority_kernels"
 # JAXBench measured on v6e and tuned its blocks for v6e's VMEM.
 TUNED_FOR = "v6e"
+# A workload does not say which of its reference's FLOPs an honest kernel may skip (the masked
+# blocks of causal attention: 1p_Flash_Attention's optimized.py does 101% of them at its check
+# size, one block, and 76% at its bench size), so the bench work floor stays at half of the
+# check sizes' share (tasks.spec.Task.work_slack), where our own tasks declare what they skip.
+IMPORTED_WORK_SLACK = 0.5
 # Their workloads mix matmuls, softmax and norms in one function: the tolerance of our matmul and
 # attention tasks (MXU rounding, softmax over matmul logits); the relative L2 bound still fails
 # zeros, constants and noise.
@@ -293,6 +298,7 @@ def _task(entry: Entry, stripped: str, cases: list[Case], reference: SuiteRefere
         cases=tuple(cases),
         solution_path=entry.optimized or entry.path,
         tolerances=dict(SUITE_TOLERANCES),
+        work_slack=IMPORTED_WORK_SLACK,
         external=reference,
         adapt_candidate=partial(adapt_candidate, entry.kind, _case_table(cases, described)),
         entry_point=entry_point,

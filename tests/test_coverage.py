@@ -107,6 +107,24 @@ def test_a_space_two_dimensions_drive_together_is_found_by_a_joint_probe():
     assert none == [] and left == [gap]
 
 
+def test_a_probe_at_an_evenly_divided_bench_value_gets_a_ragged_twin_that_is_preferred():
+    """softmax's d takes 256, 448, 4096, ...: ragged. A kernel whose blocks along d jump at some
+    size runs 8 steps only at the bench value 4096, which 512 divides: a tail dropped (a floor
+    for a ceiling) is wrong only at a d with a partial last block, so the probe less half a
+    block is traced too, and the smaller that still runs the gap's steps is the one run."""
+    task = get_task("softmax")
+    base = task.select("train", "check")[0]
+    bench = task.select("train", "bench")[0]
+    gap = coverage.AxisGap("sm", "axis 1", bench.name, 8, bench.dtype)
+    probe = dataclasses.replace(base, name="probe", dims={**base.dims, "d": bench.dims["d"]})
+    twins = coverage.ragged_probes(task, [gap], {"d": (probe, summary(("sm", [4, 8])))})
+    assert [t.dims["d"] for t in twins.values()] == [bench.dims["d"] - 256]
+    assert coverage.ragged_probes(task, [gap], {"d": (probe, summary(("sm", [4, 1])))}) == {}  # no steps
+    traced = {"d": (probe, summary(("sm", [4, 8]))), "d ragged": (twins["d ragged"], summary(("sm", [4, 8])))}
+    cases, _ = coverage.cases_from_probes(task, bench, [gap], traced, max_elements=10 ** 9)
+    assert [c.dims["d"] for c in cases] == [bench.dims["d"] - 256]
+
+
 def test_the_budget_splits_a_case_per_dimension_and_reports_what_does_not_fit():
     matmul = get_task("matmul")
     base = matmul.select("train", "check")[0]

@@ -3,6 +3,7 @@ from evaluator.analysis import one_program
 from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary
 from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.stages import _missing_work
+from suites.jaxbench import IMPORTED_WORK_SLACK
 from tasks import get_task
 
 
@@ -48,3 +49,18 @@ def test_the_work_floor_judges_kernels_that_do_the_tasks_work_at_check_sizes():
     assert _missing_work(tenth, needed, case, check_share=0.2) is None      # a rewrite: less everywhere
     nothing = program(call("mm", "dot_general", flops=0.0))
     assert _missing_work(nothing, needed, case, check_share=0.0) is not None  # no arithmetic at all
+
+
+def test_skipping_blocks_only_at_bench_sizes_is_refused_unless_the_task_does_not_say_what_may_be_skipped():
+    """1p_Flash_Attention's optimized.py: 101% of the reference's FLOPs at its one-block check
+    size, 76% at its bench size (masked causal blocks skipped). Our tasks declare such skips
+    (necessary_flops_share), so the drop is refused there; an imported workload does not, and
+    keeps half the check share as its floor."""
+    case = get_task("matmul").select("train", "bench")[0]
+    needed = 1e12
+    skipping = program(call("attn", "dot_general", flops=0.76 * needed))
+    assert _missing_work(skipping, needed, case, check_share=1.01) is not None
+    assert _missing_work(skipping, needed, case, check_share=1.01, slack=IMPORTED_WORK_SLACK) is None
+    assert _missing_work(program(call("attn", "dot_general", flops=0.4 * needed)), needed, case,
+                         check_share=1.01, slack=IMPORTED_WORK_SLACK) is not None
+

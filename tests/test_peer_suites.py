@@ -19,6 +19,7 @@ import pytest
 
 from evaluator.truth.compare import compare
 from suites import LoadError, open_suite
+from suites.jaxbench import IMPORTED_WORK_SLACK
 from suites.report import check_suite, summary
 from suites.sizes import count_names, divide_counts, heldout_variants, power_of_two_floor, scaled
 from suites.source import SizeEdit, rewrite_sizes, strip_harness
@@ -125,7 +126,7 @@ def test_hard_coded_shapes_are_rewritten_by_value():
 def test_loadable_entries_become_tasks(suite, name):
     task = suite.task(name)
     loaded = suite.loaded[name]
-    assert task.tpu == "v6e"
+    assert task.tpu == "v6e" and task.work_slack == IMPORTED_WORK_SLACK  # it does not say what may be skipped
     check = task.select("train", "check")[0]
     heldout = task.select("heldout", "check")[0]
     assert heldout.dims != check.dims

@@ -233,6 +233,23 @@ def joint_probes(base: Case, bench: Case) -> dict[str, Case]:
             for dim in differing}
 
 
+def ragged_probes(task: Task, gaps: list[AxisGap], probes: dict[str, tuple[Case, TraceSummary]]) -> dict[str, Case]:
+    """Each probe along a dimension the task's cases are ragged in, cut by half a block (rounded
+    to the task's quantum; the block: the probe's size over its steps on `gaps`), so that its
+    last block is partial where the kernel keeps its block size: the bench value may divide
+    evenly, and a kernel that drops a tail (a floor for a ceiling) is wrong only where one is.
+    Traced beside the probes, the smaller of the two that runs a gap its needed steps is run."""
+    out = {}
+    for dim, (case, summary) in probes.items():
+        q = quantum(task, dim)
+        steps = max((s for _, s in drives(summary, gaps)), default=0)
+        if not q % RAGGED_QUANTUM or steps < 2:
+            continue
+        value = case.dims[dim] - max(q, -(-case.dims[dim] // steps) // 2 // q * q)
+        out[f"{dim} ragged"] = dataclasses.replace(case, name=f"{case.name}_ragged", dims={**case.dims, dim: value})
+    return out
+
+
 def cases_from_probes(task: Task, bench: Case, gaps: list[AxisGap], probes: dict[str, tuple[Case, TraceSummary]],
                       max_elements: int) -> tuple[list[Case], list[AxisGap]]:
     """For each gap, the smallest probe that runs it its needed steps (a space whose steps do
