@@ -37,6 +37,7 @@ from data_gen.sources.grading import SeededGrading
 from data_gen.sources.model import ModelSource
 from data_gen.sources.mutation import MutationSource
 from data_gen.sources.replay import ReplaySource, Yield, checkout_items, read_replay
+from evaluator.digest import evaluator_digest
 from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
@@ -150,6 +151,7 @@ def settings_of(args: argparse.Namespace, tasks: list[str]) -> dict[str, Any]:
     settings = {k: (str(v) if isinstance(v := getattr(args, k), Path) else v) for k in keys}
     settings["tasks"] = tasks
     settings["journal_format"] = JOURNAL_FORMAT
+    settings["evaluator"] = evaluator_digest()[:12]  # a resume never mixes two graders' verdicts
     return settings
 
 

@@ -28,8 +28,8 @@ from evaluator.execution.sandbox import Limits, Worker
 from evaluator.performance import perf_model
 from evaluator.performance.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
-from evaluator.truth.compare import compare
 from evaluator.truth import stress
+from evaluator.truth.compare import compare
 from evaluator.truth.reference import ReferenceCache, case_seeds
 from tasks.spec import CandidateFormatError, Case, Task
 
@@ -381,7 +381,10 @@ def coverage_stage(ctx: GradingContext) -> Failure | None:
     gaps = coverage.axis_gaps([(c.dtype, ctx.summaries[c.name]) for c in checks],
                               [(b, ctx.summaries[b.name]) for b in benches])
     plan = coverage.CoveragePlan(gaps=gaps)
-    budget = coverage.MAX_ELEMENTS_FACTOR * max(coverage.elements(task, c) for c in checks)
+    # Derived sizes are bounded by the task's largest check case: the bound is on a grading's
+    # cost, which the split does not change (held-out's check sizes are small on purpose, and
+    # bounds from theirs left topk's solution unverified there).
+    largest = max(coverage.elements(task, c) for c in task.select("all", "check"))
     for bench in benches:
         mine = [g for g in gaps if g.bench == bench.name]
         if not mine:
@@ -393,7 +396,7 @@ def coverage_stage(ctx: GradingContext) -> Failure | None:
             continue
         skipped: list[str] = []
         try:
-            left = _cover(ctx, plan, bench, mine, budget, skipped)
+            left = _cover(ctx, plan, bench, mine, largest, skipped)
         except ValueError as exc:  # a size the task refuses (its arg_specs' own check), found planning
             skipped.append(f"the task refuses a derived size: {exc}")
             left = mine
@@ -408,15 +411,16 @@ def coverage_stage(ctx: GradingContext) -> Failure | None:
 
 
 def _cover(ctx: GradingContext, plan: coverage.CoveragePlan, bench: Case, gaps: list[coverage.AxisGap],
-           budget: int, skipped: list[str]) -> list[coverage.AxisGap]:
+           largest: int, skipped: list[str]) -> list[coverage.AxisGap]:
     """Derive the cases that run `gaps` (those of one bench case) their needed steps, add them to
     the plan, and return the gaps none runs. First each gap's dimension grown to a few blocks
     (probes, one dimension at a time at its bench value, show which); then, for what that left,
     the probe itself (steps that do not follow the dimension in proportion, a branch only the
     bench value takes), or the probe less half a block where that leaves a ragged tail; then
     every dimension but one at its bench value (a space several dimensions drive), within a
-    larger budget."""
-    task = ctx.task
+    larger budget. Budgets are in multiples of `largest`, the elements of the task's largest
+    check case."""
+    task, budget = ctx.task, coverage.MAX_ELEMENTS_FACTOR * largest
     base = coverage.base_case(task, ctx.split, bench)
     if base.name not in ctx.summaries:  # a check case in the bench case's dtype and params
         ctx.summaries.update(_trace_where_possible(ctx, [base]))
@@ -437,7 +441,6 @@ def _cover(ctx: GradingContext, plan: coverage.CoveragePlan, bench: Case, gaps: 
         left = coverage.still_uncovered(gaps, list(derived.values()))
     if left:
         joint = _traced_probes(ctx, coverage.joint_probes(base, bench))
-        largest = max(coverage.elements(task, c) for c in task.select(ctx.split, "check"))
         cases, _ = coverage.cases_from_probes(task, bench, left, joint, coverage.JOINT_ELEMENTS_FACTOR * largest)
         derived.update(_derive(ctx, plan, bench, cases, skipped))
         left = coverage.still_uncovered(gaps, list(derived.values()))

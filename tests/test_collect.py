@@ -137,6 +137,19 @@ def test_other_settings_on_the_same_journal_are_refused(small_run, capsys):
     assert "context" in err and "--fresh" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_journal_another_grader_wrote_is_not_resumed(small_run, tmp_path, capsys):
+    """Its verdicts and this grader's would mix in one dataset."""
+    tmp, args = small_run
+    lines = (tmp / "runs" / "small" / "journal.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    header["settings"]["evaluator"] = "0" * 12  # what an older grader's digest looks like here
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "journal.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert main([*args, "--runs-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "evaluator" in err and "--fresh" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--task", "geglu"], "held out"),
     (["--task", "matmull"], "matmul"),

@@ -34,12 +34,12 @@ from tasks.spec import Case, Task
 # ragged tail is added along it (the task never promises a ragged size there).
 RAGGED_QUANTUM = 128
 # A derived case may hold at most this many times the elements (inputs plus outputs) of the
-# largest check case of its split; past that, one case per dimension is derived instead of one
+# task's largest check case (either split); past that, one case per dimension is derived instead of one
 # case for all, and a single dimension that still does not fit is left uncovered (and said so).
 MAX_ELEMENTS_FACTOR = 16
 # A gap no one dimension moves (a column slab that narrows with k and the group count, for VMEM)
 # is tried with every dimension but one at its bench value (`joint_probes`); such a case may
-# hold up to this many times the elements of the split's largest check case.
+# hold up to this many times the elements of the task's largest check case.
 JOINT_ELEMENTS_FACTOR = 64
 # Steps every grid axis and loop must run at some run case, where bench sizes run that many or
 # more: the third step is the first whose carry was written by a step that read one.
