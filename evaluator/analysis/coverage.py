@@ -245,7 +245,7 @@ def ragged_probes(task: Task, gaps: list[AxisGap], probes: dict[str, tuple[Case,
         steps = max((s for _, s in drives(summary, gaps)), default=0)
         if not q % RAGGED_QUANTUM or steps < 2:
             continue
-        value = case.dims[dim] - max(q, -(-case.dims[dim] // steps) // 2 // q * q)
+        value = case.dims[dim] - ragged_tail(-(-case.dims[dim] // steps), q)
         out[f"{dim} ragged"] = dataclasses.replace(case, name=f"{case.name}_ragged", dims={**case.dims, dim: value})
     return out
 
@@ -319,11 +319,15 @@ def covering_size(task: Task, dim: str, bench_value: int, steps_at_bench: int) -
     block = -(-bench_value // steps_at_bench)
     q = quantum(task, dim)
     if q % RAGGED_QUANTUM:
-        tail = (block // 2) // q * q
-        size = (NEEDED_STEPS - 1) * block + (tail if tail > 0 else q)
+        size = (NEEDED_STEPS - 1) * block + ragged_tail(block, q)
     else:
         size = NEEDED_STEPS * block
     return min(size, bench_value)
+
+
+def ragged_tail(block: int, q: int) -> int:
+    """A partial last block: half a block, rounded down to the task's quantum `q`, at least `q`."""
+    return max(q, block // 2 // q * q)
 
 
 def derived_case(task: Task, base: Case, bench: Case, sizes: dict[str, int]) -> Case:
