@@ -1,83 +1,169 @@
-"""`estimate`: the static performance model's figures at bench sizes (nothing runs)."""
+"""`estimate`: static figures at bench sizes, nothing run: the performance model's estimate of each
+kernel and its predicted speedup over XLA (docs/performance-model.md).
+
+Our tasks: a table per task and generation (tasks/README.md's is this command's --markdown). A
+peer suite (`--suite jaxbench:PATH`): one row per (task, candidate), the suite's own solutions or,
+with `--attempts`, its model-written kernels; every candidate that traces gets a prediction,
+whatever the static stages said of it.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
-from cli.options import UsageError, console, open_resolver, read_candidate, resolve_tasks
+from cli.options import (UsageError, add_suite_option, console, generation_for, open_resolver, read_candidate,
+                         resolve_tasks)
 from evaluator.performance.hardware import GENERATIONS, MiB
+
+DEFAULT_CACHE = Path("runs/estimate/cache")
 
 
 def add_parser(sub) -> None:
     """Register the subcommand on `sub` (the subparsers of python -m evaluator)."""
-    e = sub.add_parser("estimate", help="static performance estimate at bench sizes (nothing runs)")
+    e = sub.add_parser("estimate", help="static performance estimate and predicted speedup at bench sizes "
+                                        "(nothing runs)")
     e.add_argument("--task", action="append", default=None, help="only this task (repeatable)")
     e.add_argument("--candidate", help="a kernel for the one --task (default: each task's solution)")
     e.add_argument("--split", choices=("train", "heldout", "all"), default="train")
     e.add_argument("--tpu", action="append", choices=tuple(GENERATIONS), default=None,
-                   help="TPU generation (repeatable; default v5e and v6e)")
+                   help="TPU generation (repeatable; default v5e and v6e, or the one a --suite was tuned for)")
     e.add_argument("--workers", type=int, default=2, help="worker processes in parallel")
+    e.add_argument("--attempts", nargs="*", metavar="MODEL", default=None,
+                   help="with --suite: the checkout's model-written kernels (pallas_eval/generated/MODEL; "
+                        "all models when none is named) instead of its solutions")
+    e.add_argument("--cache", metavar="DIR", type=Path, default=DEFAULT_CACHE,
+                   help=f"verdict cache: a rerun reads what it estimated before (default {DEFAULT_CACHE})")
     e.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    e.add_argument("--json", action="store_true", help="print the figures as JSON")
+    e.add_argument("--json", action="store_true", help="print one JSON line per (task, candidate, generation)")
+    add_suite_option(e)
     e.set_defaults(func=cmd_estimate)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    if args.attempts is not None and not args.suite:
+        raise UsageError("--attempts needs --suite jaxbench:PATH")
+    with open_resolver(args.suite) as resolver:
+        suite = resolve_tasks(resolver, args.task)
+        if args.candidate and len(suite) != 1:
+            raise UsageError("--candidate needs exactly one --task")
+        candidates = _candidates(args, resolver, suite)
+        generations = args.tpu or ([generation_for(None, suite)] if args.suite else ["v5e", "v6e"])
+        rows = [row for gen in generations for row in _estimate(args, candidates, gen)]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    if args.suite:
+        _print_suite(rows)
+    else:
+        _print_ours(rows, generations, args.markdown, args.split)
+    return 0
+
+
+def _candidates(args: argparse.Namespace, resolver: Any, suite: list) -> list[tuple[Any, str, str]]:
+    """(task, candidate label, answer) to estimate."""
+    if args.attempts is None:
+        return [(t, str(args.candidate) if args.candidate else "solution",
+                 read_candidate(args.candidate) if args.candidate else t.solution_source()) for t in suite]
+    from suites import attempts as att
+
+    root = resolver.suites[0].root
+    available = att.models(root)
+    unknown = [m for m in args.attempts if m not in available]
+    if unknown or not available:
+        raise UsageError(f"no generated kernels of {', '.join(unknown) or 'any model'} under "
+                         f"{root / att.GENERATED} (models: {', '.join(available) or 'none'})")
+    by_name = {t.name: t for t in suite}
+    return [(by_name[a.task], a.key, a.text()) for a in att.discover(root, args.attempts or available)
+            if a.task in by_name]
+
+
+def _estimate(args: argparse.Namespace, candidates: list[tuple[Any, str, str]], gen: str) -> list[dict]:
+    """Every static stage of each candidate, a prediction wherever it traced; one row each."""
+    from rich.progress import Progress
+
     from evaluator.grader import Evaluator, Job
-    from evaluator.performance.perf_model import worst_bench_case
     from evaluator.stages import LAST_STATIC_STAGE
 
-    with open_resolver(None) as ours:
-        suite = resolve_tasks(ours, args.task)
-    if args.candidate and len(suite) != 1:
-        raise UsageError("--candidate needs exactly one --task")
-    answers = {t.name: read_candidate(args.candidate) if args.candidate else t.solution_source()
-               for t in suite}
-    generations = args.tpu or ["v5e", "v6e"]
-    rows: dict[str, dict] = {t.name: {"task": t.name} for t in suite}
-    for gen in generations:
-        with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=gen) as ev:
-            jobs = [Job(t, answers[t.name], args.split, through=LAST_STATIC_STAGE) for t in suite]
-            for v in ev.grade_many(jobs):
-                worst = worst_bench_case(v.details.get("perf_model", {}))
-                row = rows[v.task]
-                if worst is None:
-                    row[gen] = {"status": v.status, "message": v.message}
-                    continue
-                case, est = worst
-                row[gen] = {"status": v.status, "case": case, "time_ms": est["time_s"] * 1e3,
-                            "slowdown_vs_ideal": est["slowdown_vs_ideal"],
-                            "hbm_mib": est["hbm_bytes"] / MiB, "ideal_mib": est["ideal_bytes"] / MiB,
-                            "grid_steps": est["grid_steps"], "bound": est["bound"]}
-    if args.json:
-        print(json.dumps(list(rows.values()), indent=2))
-        return 0
-    header = ["task"] + [f"{g} {what}" for g in generations for what in ("ms", "x ideal")] + [
+    jobs = [Job(task, answer, args.split, seed=0, through=LAST_STATIC_STAGE) for task, _, answer in candidates]
+    with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=gen, cache=args.cache,
+                   predict_failed=True) as ev, Progress(console=Console(stderr=True), transient=True) as bar:
+        todo = bar.add_task(f"estimating {len(jobs)} candidates for {gen}", total=len(jobs))
+        verdicts = ev.grade_many(jobs, on_done=lambda v: bar.advance(todo))
+    return [prediction_row(v, label) for v, (_, label, _) in zip(verdicts, candidates)]
+
+
+def prediction_row(v: Any, candidate: str) -> dict[str, Any]:
+    """What `estimate` reports of one verdict graded through the static stages."""
+    passed = v.status == "pending"  # graded through the last static stage with no failure
+    row: dict[str, Any] = {"task": v.task, "candidate": candidate, "generation": v.details.get("tpu_generation"),
+                           "static_stages": "passed" if passed else v.status, "stage": v.stage,
+                           "message": "" if passed else v.message}
+    p = v.predicted_speedup
+    if p is not None:
+        first = next(iter(p["cases"].values()))
+        row.update(kernel_ms=first["kernel_s"] * 1e3, xla_ms=first["xla_s"] * 1e3, predicted_speedup=p["overall"],
+                   bound=first["bound"], xla_method=first["xla_method"], notes=first["notes"],
+                   cases={name: {k: c[k] for k in ("kernel_s", "xla_s", "speedup", "bound", "inputs")}
+                          for name, c in p["cases"].items()})
+    worst = max((v.details.get("perf_model") or {}).items(), key=lambda item: item[1]["slowdown_vs_ideal"],
+                default=None)
+    if worst is not None:
+        case, est = worst
+        row.update(case=case, time_ms=est["time_s"] * 1e3, slowdown_vs_ideal=est["slowdown_vs_ideal"],
+                   hbm_mib=est["hbm_bytes"] / MiB, ideal_mib=est["ideal_bytes"] / MiB,
+                   grid_steps=est["grid_steps"])
+    return row
+
+
+def _print_suite(rows: list[dict]) -> None:
+    table = Table(title="predicted at the train bench size (static: nothing ran)")
+    for col in ("task", "candidate", "static stages", "kernel ms", "XLA ms", "x XLA", "bound"):
+        table.add_column(col)
+    for r in rows:
+        figures = ([f"{r['kernel_ms']:.3g}", f"{r['xla_ms']:.3g}", f"{r['predicted_speedup']:.2f}", r["bound"]]
+                   if "kernel_ms" in r else ["-", "-", "-", "did not trace"])
+        table.add_row(r["task"], r["candidate"], r["static_stages"], *figures)
+    console.print(table)
+    traced = sum(1 for r in rows if "kernel_ms" in r)
+    console.print(f"{traced} of {len(rows)} candidates traced and were predicted "
+                  "[dim](XLA's TPU cost model for the reference, ours for the kernels: docs/performance-model.md)[/]")
+
+
+def _print_ours(rows: list[dict], generations: list[str], markdown: bool, split: str) -> None:
+    by_task: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_task.setdefault(r["task"], {})[r["generation"]] = r
+    header = ["task"] + [f"{g} {what}" for g in generations for what in ("ms", "x ideal", "x XLA")] + [
         f"MiB moved ({generations[0]})", "ideal MiB", "grid steps"]
     lines = []
-    for row in rows.values():
-        cells = [row["task"]]
+    for task, per_gen in by_task.items():
+        cells = [task]
         for g in generations:
-            fig = row[g]
-            cells += ([f"{fig['time_ms']:.3g}", f"{fig['slowdown_vs_ideal']:.2f}"] if "time_ms" in fig
-                      else [fig["status"], "-"])
-        first = row[generations[0]]
+            r = per_gen[g]
+            cells += ([f"{r['time_ms']:.3g}", f"{r['slowdown_vs_ideal']:.2f}",
+                       f"{r['predicted_speedup']:.2f}" if "predicted_speedup" in r else "-"]
+                      if "time_ms" in r else [r["static_stages"], "-", "-"])
+        first = per_gen[generations[0]]
         cells += ([f"{first['hbm_mib']:,.0f}", f"{first['ideal_mib']:,.0f}", f"{first['grid_steps']:,}"]
                   if "time_ms" in first else ["-", "-", "-"])
         lines.append(cells)
-    if args.markdown:
+    if markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
         for cells in lines:
             print("| " + " | ".join([f"`{cells[0]}`", *cells[1:]]) + " |")
-        return 0
-    table = Table(title=f"static estimate at {args.split} bench sizes, worst case per task")
+        return
+    table = Table(title=f"static estimate at {split} bench sizes, worst case per task; x XLA: predicted speedup")
     for col in header:
         table.add_column(col)
     for cells in lines:
         table.add_row(*cells)
     console.print(table)
-    console.print("[dim]an estimate from the static model (docs/performance-model.md), not a measurement[/]")
-    return 0
+    console.print("[dim]estimates from the static model and XLA's cost model (docs/performance-model.md), "
+                  "not measurements[/]")

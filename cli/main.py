@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import check_cmd, estimate_cmd, run_cmd, tasks_cmd, tune_cmd
+from cli import calibrate_cmd, check_cmd, estimate_cmd, run_cmd, tasks_cmd, tune_cmd
 from cli.options import UsageError
 
 
@@ -30,6 +30,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evaluator",
                                 description="Grade Pallas TPU kernels against the task suite.")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (tasks_cmd, run_cmd, check_cmd, estimate_cmd, tune_cmd):
+    for module in (tasks_cmd, run_cmd, check_cmd, estimate_cmd, calibrate_cmd, tune_cmd):
         module.add_parser(sub)
     return p

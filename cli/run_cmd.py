@@ -48,6 +48,12 @@ def _print_verdict(v: Verdict) -> None:
         console.print(table)
     if v.speedup is not None:
         console.print(f"speedup over XLA: {v.speedup:.2f}x")
+    if v.predicted_speedup is not None:
+        p = v.predicted_speedup
+        cases = "; ".join(f"{name}: kernel {c['kernel_s'] * 1e3:.3g} ms vs XLA {c['xla_s'] * 1e3:.3g} ms "
+                          f"({c['bound']}-bound)" for name, c in p["cases"].items())
+        console.print(f"predicted speedup over XLA on {p['generation']}: {p['overall']:.2f}x [dim]({p['label']}: "
+                      f"{escape(p['method'])}; {escape(cases)})[/]")
     if "perf_estimate" in v.details:
         console.print(escape(v.details["perf_estimate"]) + " [dim](an estimate, not a measurement)[/]")
 

@@ -13,14 +13,18 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from evaluator.cache import VerdictCache, cache_key
+from evaluator.digest import task_digest
 from evaluator.execution.backends import default_backend, get_backend
 from evaluator.execution.protocol import SEED_CHECKS, Reset
 from evaluator.execution.remote import ActorsLost, RayExecutor
 from evaluator.execution.sandbox import Limits, WorkerError, WorkerPool
+from evaluator.performance import calibration
 from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import StageTiming, Status, Verdict
-from evaluator.stages import SOURCE_STAGES, STAGE_NAMES, STAGES, Failure, GradingContext, Stage, correct_message
+from evaluator.stages import (SOURCE_STAGES, STAGE_NAMES, STAGES, Failure, GradingContext, Stage, bench_estimates,
+                              correct_message, predict)
 from evaluator.truth.reference import ReferenceCache
+from evaluator.truth.xla_reference import ReferenceCosts
 from tasks import get_task
 from tasks.spec import Task
 
@@ -48,12 +52,15 @@ class Evaluator:
                  generation: str = DEFAULT_GENERATION, n_seeds: int = 2,
                  pool: WorkerPool | None = None, stop_at_first_failure: bool = False,
                  tpu_numerics: bool = True, executor: str = "local", address: str | None = None,
-                 cache: str | Path | VerdictCache | None = None, seed_checks: str = "auto"):
+                 cache: str | Path | VerdictCache | None = None, seed_checks: str = "auto",
+                 predict_failed: bool = False):
         """`executor="ray"`: grade on `workers` Ray actors of the cluster at `address` ("auto",
         "ray://host:10001", or "local" for a private one) instead of local worker processes.
         `cache`: a folder (or VerdictCache) of verdicts already reached, looked up first.
         `seed_checks`: where interpret mode's race detector runs (protocol.SEED_CHECKS,
-        evaluator/execution/handlers.py, run): "auto" (default), "full" or "cheap"."""
+        evaluator/execution/handlers.py, run): "auto" (default), "full" or "cheap".
+        `predict_failed`: a verdict that failed a stage after tracing still gets its
+        `predicted_speedup` (the `estimate` command's listing of every kernel that traces)."""
         if executor not in ("local", "ray"):
             raise ValueError(f"unknown executor {executor!r}; choose local or ray")
         if seed_checks not in SEED_CHECKS:
@@ -76,11 +83,14 @@ class Evaluator:
         if executor == "ray":
             options = {"backend": self.backend.name, "workers": 1, "limits": limits, "generation": generation,
                        "n_seeds": n_seeds, "stop_at_first_failure": stop_at_first_failure,
-                       "tpu_numerics": tpu_numerics, "seed_checks": seed_checks}
+                       "tpu_numerics": tpu_numerics, "seed_checks": seed_checks, "predict_failed": predict_failed}
             self.remote = RayExecutor(address, workers, GradingActor, options)
         # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
         self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else workers, limits=limits)
         self.references = ReferenceCache()
+        self.reference_costs = ReferenceCosts(task_digest, limits, workers=workers)
+        self.calibration = calibration.load()
+        self.predict_failed = predict_failed
 
     @property
     def numerics(self) -> str:
@@ -133,7 +143,8 @@ class Evaluator:
             "numerics": self.numerics, "n_seeds": self.n_seeds, "stop_at_first_failure": self.stop_at_first_failure,
             "through": through, "seed": "fresh" if seed is None else seed,
             "step_timeout_s": self.limits.step_timeout_s, "run_ceiling_s": self.limits.run_ceiling_s,
-            "seed_checks": self.seed_checks}
+            "seed_checks": self.seed_checks, "calibration": self.calibration.to_dict(),
+            "predict_failed": self.predict_failed}
         if self.backend.times_kernels:   # timings hold for the device they were measured on
             settings["device"] = os.environ.get("TPU_ACCELERATOR_TYPE") or f"host {socket.gethostname()}"
         return settings
@@ -150,11 +161,14 @@ class Evaluator:
                              n_seeds=self.n_seeds, references=self.references, verdict=verdict,
                              stop_at_first_failure=self.stop_at_first_failure,
                              tpu_numerics=self.tpu_numerics, seed_checks=self.seed_checks,
-                             limits=self.limits)
+                             limits=self.limits, reference_costs=self.reference_costs,
+                             calibration=self.calibration)
         verdict.details["base_seed"] = ctx.base_seed
         verdict.details["tpu_generation"] = self.generation.name
         verdict.details["numerics"] = self.numerics
         failure = self._run_stages(ctx, stages)
+        if failure is not None and self.predict_failed and verdict.predicted_speedup is None:
+            predict(ctx, bench_estimates(ctx))
         if failure is None and through is not None:
             verdict.stage, verdict.message = through, f"passed every stage through {through!r}"
         elif failure is None:
@@ -237,6 +251,7 @@ class Evaluator:
         if self.remote is not None:
             self.remote.close()
         self.pool.close()
+        self.reference_costs.close()
 
     def __enter__(self) -> "Evaluator":
         return self

@@ -127,6 +127,9 @@ class Verdict:
     stage: str  # the stage that decided the verdict ("done" when correct)
     cases: list[CaseResult] = field(default_factory=list)
     speedup: float | None = None  # reference time / kernel time, real hardware only
+    # Static: XLA's predicted time over the kernel's at each bench case and their median, with the
+    # generation and method (evaluator/performance/prediction.py, PredictedSpeedup); None before lowering.
+    predicted_speedup: dict[str, Any] | None = None
     timings: dict[str, Any] = field(default_factory=dict)  # raw timing samples (hardware only)
     stage_timings: list[StageTiming] = field(default_factory=list)
     error_type: str | None = None

@@ -25,12 +25,14 @@ from evaluator.execution import step_limits
 from evaluator.execution.backends import Backend
 from evaluator.execution.protocol import CaseSpec, Compile, Failed, Load, Lower, Ran, Run, SeedResult, Time, Trace
 from evaluator.execution.sandbox import Limits, Worker
-from evaluator.performance import perf_model
+from evaluator.performance import perf_model, prediction
+from evaluator.performance.calibration import Calibration
 from evaluator.performance.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
 from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
 from evaluator.truth import stress
 from evaluator.truth.compare import compare
 from evaluator.truth.reference import ReferenceCache, case_seeds
+from evaluator.truth.xla_reference import ReferenceCosts
 from tasks.spec import CandidateFormatError, Case, Task
 
 # Work outside kernels above this share of the reference's FLOPs is "a real part of the task".
@@ -95,6 +97,10 @@ class GradingContext:
     # What the bench program runs that no run case checks (coverage stage: spaces no derived
     # case reaches), in words: such a kernel is `unverified`, not `correct` (verified stage).
     unchecked: list[str] = field(default_factory=list)
+    # The speed prediction's XLA side and constants (evaluator/performance/): None prices the
+    # reference by our model alone.
+    reference_costs: ReferenceCosts | None = None
+    calibration: Calibration = Calibration()
 
     @property
     def stress_cases(self) -> list[tuple[Case, Case]]:
@@ -582,16 +588,14 @@ def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
 # --- 6b. static performance estimate ----------------------------------------------------------
 def estimate_stage(ctx: GradingContext) -> Failure | None:
     """Roofline estimate at bench sizes vs an ideal kernel: useful with or without a TPU, and
-    a kernel estimated well under the ideal cannot be doing the task there."""
-    estimates = {}
-    for case in ctx.task.select(ctx.split, "bench"):
-        est = perf_model.estimate(case.name, ctx.summaries[case.name], ctx.generation,
-                                  ctx.references.cost(ctx.task, case),
-                                  list(ctx.task.arg_specs(case)), list(ctx.task.out_specs(case)),
-                                  ctx.task.necessary_flops_share)
-        estimates[case.name] = dataclasses.asdict(est)
-        ctx.verdict.details.setdefault("perf_estimate", est.summary())
+    a kernel estimated well under the ideal cannot be doing the task there. The speed
+    prediction against XLA (`predicted_speedup`) is made here too, for every kernel that lowers."""
+    bench = bench_estimates(ctx)
+    estimates = {name: dataclasses.asdict(est) for name, est in bench.items()}
+    if bench:
+        ctx.verdict.details["perf_estimate"] = next(iter(bench.values())).summary()
     ctx.verdict.details["perf_model"] = estimates
+    predict(ctx, bench)
     for name, est in estimates.items():
         kernels = est["kernels"]
         # Undecided: a loop or grid the task's integer inputs size (evaluator/analysis/trip_origin.py).
@@ -610,6 +614,33 @@ def estimate_stage(ctx: GradingContext) -> Failure | None:
                            "compute the whole task at every size"
                            f"{_counted_once([(k['name'], k['unbounded_trips_from']) for k in kernels])}.", case=case)
     return None
+
+
+def bench_estimates(ctx: GradingContext) -> dict[str, perf_model.PerfEstimate]:
+    """The static model at each bench case the structure stage traced."""
+    out = {}
+    for case in ctx.task.select(ctx.split, "bench"):
+        if case.name in ctx.summaries:
+            out[case.name] = perf_model.estimate(
+                case.name, ctx.summaries[case.name], ctx.generation, ctx.references.cost(ctx.task, case),
+                list(ctx.task.arg_specs(case)), list(ctx.task.out_specs(case)), ctx.task.necessary_flops_share)
+    return out
+
+
+def predict(ctx: GradingContext, estimates: dict[str, perf_model.PerfEstimate]) -> None:
+    """`predicted_speedup`: our model's time for the kernels and their glue at each bench case
+    against XLA's cost model's time for the reference (our model's where libtpu is absent or
+    XLA's figure is unusable, as the notes say). None unless every bench case was traced."""
+    bench = ctx.task.select(ctx.split, "bench")
+    if not bench or any(case.name not in estimates for case in bench):
+        return
+    cases = {}
+    for case in bench:
+        xla = (ctx.reference_costs.cost(ctx.task, case, case_spec(ctx.task, case), ctx.generation)
+               if ctx.reference_costs is not None else "the grader was given no XLA cost source")
+        inputs = prediction.CaseInputs.of(estimates[case.name], ctx.references.cost(ctx.task, case), xla)
+        cases[case.name] = prediction.predict_case(inputs, ctx.generation, ctx.calibration)
+    ctx.verdict.predicted_speedup = dataclasses.asdict(prediction.overall(cases, ctx.generation))
 
 
 # --- 7. run every case on fresh seeds and compare --------------------------------------------

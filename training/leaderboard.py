@@ -73,9 +73,10 @@ class Entry:
             return None
         return rows[-1 if turn is None else turn - 1].get("pass@1")
 
-    def fast(self) -> float | None:
+    def fast(self, predicted: bool = False) -> float | None:
+        """fast_p measured on a TPU, or (`predicted`) from the static prediction without one."""
         rows = self.group_turns("train", "all") or self.group_turns("heldout", "all")
-        return rows[-1].get(self.fast_key) if rows else None
+        return rows[-1].get(f"predicted_{self.fast_key}" if predicted else self.fast_key) if rows else None
 
     def rank_key(self) -> tuple[float, ...]:
         return tuple(-1.0 if (v := self.headline(s, g, 1)) is None else v for _, s, g in HEADLINES)

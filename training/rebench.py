@@ -150,7 +150,8 @@ def samples_from(journal: Journal, conversations: list[Conversation]) -> list[Sa
     for c in conversations:
         if answers.get(c.key):
             turns = [Turn(e["turn"], e["verdict"]["status"], e["verdict"].get("speedup"), e["verdict"]["message"],
-                          e["answer"]) for e in answers[c.key]]
+                          e["answer"], (e["verdict"].get("predicted_speedup") or {}).get("overall"))
+                     for e in answers[c.key]]
             samples.append(Sample(c.model, c.task.name, c.group, c.task.level, c.split, c.index, turns))
     return samples
 

@@ -30,6 +30,8 @@ class Turn:
     speedup: float | None
     message: str
     answer: str
+    # Static, without a TPU (evaluator/performance/prediction.py): the verdict's predicted_speedup.
+    predicted_speedup: float | None = None
 
 
 @dataclass
@@ -70,6 +72,7 @@ def turn_rows(samples: list[Sample], ks: list[int], turns: int, p: float) -> lis
         rows.append({"turn": t, "n": n, "asked": sum(len(s.turns) >= t for s in samples), "correct": c,
                      **{f"pass@{k}": pass_at_k(n, c, k) for k in ks if k <= n},
                      f"fast_{p:g}": fast_p([x.status for x in last], [x.speedup for x in last], p),
+                     f"predicted_fast_{p:g}": fast_p([x.status for x in last], [x.predicted_speedup for x in last], p),
                      "statuses": status_shares([x.status for x in last])})
     return rows
 
@@ -84,10 +87,12 @@ def mean_rows(per_task: list[list[dict[str, Any]]], ks: list[int], p: float) -> 
             for status, share in row["statuses"].items():
                 statuses[status] += share / len(rows)
         timed = [r[f"fast_{p:g}"] for r in rows if r[f"fast_{p:g}"] is not None]
+        predicted = [r[f"predicted_fast_{p:g}"] for r in rows if r.get(f"predicted_fast_{p:g}") is not None]
         out.append({"turn": rows[0]["turn"], "tasks": len(rows),
                     **{f"pass@{k}": sum(r[f"pass@{k}"] for r in rows) / len(rows)
                        for k in ks if all(f"pass@{k}" in r for r in rows)},
                     f"fast_{p:g}": sum(timed) / len(timed) if timed else None,
+                    f"predicted_fast_{p:g}": sum(predicted) / len(predicted) if predicted else None,
                     "statuses": dict(sorted(statuses.items(), key=lambda kv: -kv[1]))})
     return out
 

@@ -44,6 +44,9 @@ class FixitPair:
     repair_verdict: str      # JSON of its verdict on the repaired kernel
     failing_code: str
     repair_code: str
+    # The repaired kernel's predicted speedup over XLA (static, for the verdict's generation:
+    # evaluator/performance/prediction.py); None where it had none.
+    repair_predicted_speedup: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,6 +55,10 @@ class FixitPair:
 def verdict_json(verdict: Verdict) -> str:
     summary = {k: getattr(verdict, k) for k in _VERDICT_FIELDS}
     summary["cases"] = [{"name": c.name, "status": c.status, "rel_l2_err": c.rel_l2_err} for c in verdict.cases]
+    p = verdict.predicted_speedup
+    summary["predicted_speedup"] = None if p is None else {
+        "overall": p["overall"], "generation": p["generation"], "label": p["label"], "method": p["method"],
+        "cases": {name: c["speedup"] for name, c in p["cases"].items()}}
     return json.dumps(summary, sort_keys=True)
 
 
@@ -71,7 +78,8 @@ def build_pair(task: Task, *, attempt_id: str, source: str, origin: str, context
         failure_kind=classify(failing.status, failing.message), failing_stage=failing.stage, source=source,
         origin=origin, repaired_by=repaired_by, context=context, messages=messages,
         failing_verdict=verdict_json(failing), repair_verdict=verdict_json(repaired), failing_code=failing_code,
-        repair_code=repair_code)
+        repair_code=repair_code,
+        repair_predicted_speedup=None if repaired.predicted_speedup is None else repaired.predicted_speedup["overall"])
 
 
 @dataclass(frozen=True)

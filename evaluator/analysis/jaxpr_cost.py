@@ -80,6 +80,12 @@ class Cost:
     top_ops: dict[str, float] = field(default_factory=dict)  # primitive -> flops, for feedback
     # A while loop with no known maximum trip count was counted once: flops are a lower bound.
     data_dependent_trips: bool = False
+    # Matmuls and convolutions listed in `heavy_ops` (not counted as work): their FLOPs, which
+    # the speed prediction still prices (evaluator/performance/prediction.py).
+    heavy_flops: float = 0.0
+    # Iterations of scans and while loops (nested ones times their enclosing loops'): each
+    # costs a TPU a fixed overhead that XLA's cost model leaves out (evaluator/performance/xla_cost.py).
+    loop_iterations: float = 0.0
 
 
 PallasCallSink = Callable[[Any, float], None]
@@ -196,6 +202,8 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
             count, known = trip_count(eqn, trips)
             cost.data_dependent_trips |= not known
             inner_mult = mult * count
+            if name in ("scan", "while"):
+                cost.loop_iterations += inner_mult
             if name == "cond" and reach is not None and id(eqn) in reach.conds.share:
                 # Decided by the grid position (and loop counters): each branch by the share
                 # of grid points and loop iterations that run it, which already holds the
@@ -229,6 +237,7 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
                     cost.f32_matmul_flops += flops
             else:
                 cost.heavy_ops.append(name)
+                cost.heavy_flops += mult * dot_flops(eqn)
             continue
         if name in DATA_MOVEMENT_PRIMITIVES:
             continue
@@ -251,6 +260,8 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
     into.f32_matmul_flops += worst.f32_matmul_flops
     into.transcendentals += worst.transcendentals
     into.bytes_accessed += worst.bytes_accessed
+    into.heavy_flops += worst.heavy_flops
+    into.loop_iterations += worst.loop_iterations
     into.dma_bytes += max(c.dma_bytes for c in branches)
     into.accesses += max(c.accesses for c in branches)
     for op, f in worst.top_ops.items():

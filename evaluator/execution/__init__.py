@@ -7,5 +7,5 @@ and the worker side (worker: its main loop; isolation: rlimits and namespaces; h
 function per request; jax_hooks: the worker's reaches into jax internals; program: the traced
 program replayed in interpret mode or lowered for TPU).
 
-May import: evaluator.candidate, evaluator.analysis.
+May import: evaluator.candidate, evaluator.analysis, evaluator.performance.
 """

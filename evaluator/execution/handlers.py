@@ -17,8 +17,9 @@ from typing import Any, Callable
 from evaluator.candidate.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
 from evaluator.execution import jax_hooks
 from evaluator.execution.program import INTERPRET_COMPILE_OPTIONS
-from evaluator.execution.protocol import (Call, CaseSpec, Compile, Compiled, Done, Failed, Load, Lower, Ping, Pong, Ran,
-                                          Reset, Returned, Run, SeedResult, Time, Timed, Trace, Traced, TracedCase)
+from evaluator.execution.protocol import (Call, CaseSpec, Compile, Compiled, Costed, Done, Failed, Load, Lower, Ping,
+                                          Pong, Ran, ReferenceCost, Reset, Returned, Run, SeedResult, Time, Timed,
+                                          Trace, Traced, TracedCase)
 
 # Candidates are registered in sys.modules as candidate_1, candidate_2, ... for their lifetime.
 CANDIDATE_MODULE_PREFIX = "candidate_"
@@ -130,25 +131,45 @@ def lower(state: WorkerState, request: Lower, arrays: list) -> tuple[Any, list]:
 
 def compile_case(state: WorkerState, request: Compile, arrays: list) -> tuple[Any, list]:
     """Full libtpu compile of one case for a described TPU topology: no TPU needed."""
-    import jax
-    from jax.sharding import SingleDeviceSharding
-
-    if request.topology not in state.topologies:
-        from jax.experimental import topologies
-
-        state.topologies[request.topology] = topologies.get_topology_desc(
-            topology_name=request.topology, platform="tpu")
-    device = state.topologies[request.topology].devices[0]
     program = _replayed(state, request.case.name)
     try:
-        with jax.default_device(device):
-            compiled = program.trace(*_specs(request.case, SingleDeviceSharding(device))).lower().compile()
+        compiled = _compile_for(state, request.topology, program, request.case)
     except Exception as exc:
         return Failed(type(exc).__name__, compiler_message(str(exc)), case=request.case.name), []
     stats = compiled.memory_analysis()
     fields = ("generated_code_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
               "temp_size_in_bytes", "alias_size_in_bytes")
     return Compiled({f: int(getattr(stats, f, 0) or 0) for f in fields}), []
+
+
+def reference_cost(state: WorkerState, request: ReferenceCost, arrays: list) -> tuple[Any, list]:
+    """The reference compiled for a described TPU topology, read by XLA's cost model."""
+    import jax
+
+    from evaluator.performance.xla_cost import read_compiled
+
+    fn = _reference(state, request)
+    if isinstance(fn, Failed):
+        return fn, []
+    try:
+        compiled = _compile_for(state, request.topology, jax.jit(fn), request.case)
+    except Exception as exc:
+        return Failed(type(exc).__name__, compiler_message(str(exc)), case=request.case.name), []
+    return Costed(dataclasses.asdict(read_compiled(compiled))), []
+
+
+def _compile_for(state: WorkerState, topology: str, program: Any, case: CaseSpec) -> Any:
+    """`program` (a jitted function) compiled by libtpu for the first device of `topology`."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    if topology not in state.topologies:
+        from jax.experimental import topologies
+
+        state.topologies[topology] = topologies.get_topology_desc(topology_name=topology, platform="tpu")
+    device = state.topologies[topology].devices[0]
+    with jax.default_device(device):
+        return program.trace(*_specs(case, SingleDeviceSharding(device))).lower().compile()
 
 
 # The interpret-mode checks a seed runs under: every check TPU interpret mode has (the race
@@ -246,18 +267,9 @@ def time_case(state: WorkerState, request: Time, arrays: list) -> tuple[Any, lis
     import jax
     import numpy as np
 
-    import tasks
-
-    if request.reference_source is not None:  # an imported task: a driver builds its reference
-        driver = driver_function(request.reference_function or "")
-        if isinstance(driver, Failed):
-            return driver, []
-        try:
-            fn = driver(external_module(state, request.reference_source), *request.reference_args)
-        except Exception as exc:
-            return Failed(*describe_exception(exc)), []
-    else:
-        fn = tasks.get_task(request.task).reference
+    fn = _reference(state, request)
+    if isinstance(fn, Failed):
+        return fn, []
     inputs = [jax.device_put(a) for a in arrays]
     runner, _ = _compiled(state, request.case, request.tpu_numerics, FULL_CHECKS, inputs)
     reference = jax.jit(fn)
@@ -265,6 +277,21 @@ def time_case(state: WorkerState, request: Time, arrays: list) -> tuple[Any, lis
     reference_s = time_callable(reference, inputs, request.warmup, request.iters)
     outputs = [np.array(leaf) for leaf in jax.tree_util.tree_leaves(runner(*inputs))]
     return Timed(kernel_s, reference_s), outputs
+
+
+def _reference(state: WorkerState, request: Time | ReferenceCost) -> Callable[..., Any] | Failed:
+    """The task's reference: ours by name, or an imported task's built by its driver."""
+    if request.reference_source is None:
+        import tasks
+
+        return tasks.get_task(request.task).reference
+    driver = driver_function(request.reference_function or "")
+    if isinstance(driver, Failed):
+        return driver
+    try:
+        return driver(external_module(state, request.reference_source), *request.reference_args)
+    except Exception as exc:
+        return Failed(*describe_exception(exc))
 
 
 def time_callable(fn: Callable[..., Any], inputs: list, warmup: int, iters: int) -> list[float]:
@@ -357,6 +384,7 @@ def ping(state: WorkerState, request: Ping, arrays: list) -> tuple[Any, list]:
 
 
 HANDLERS: dict[type, Callable[[WorkerState, Any, list], tuple[Any, list]]] = {
-    Load: load, Trace: trace, Lower: lower, Compile: compile_case, Run: run, Time: time_case,
+    Load: load, Trace: trace, Lower: lower, Compile: compile_case, ReferenceCost: reference_cost, Run: run,
+    Time: time_case,
     Call: call_external, Reset: reset, Ping: ping,
 }

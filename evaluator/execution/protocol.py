@@ -62,6 +62,19 @@ class Compile:
     case: CaseSpec
 
 
+@dataclass
+class ReferenceCost:
+    """libtpu compile of the task's reference at one case for a described topology, for XLA's
+    cost model's figures. The reference is found as Time finds it."""
+
+    task: str
+    case: CaseSpec
+    topology: str
+    reference_source: str | None = None
+    reference_function: str | None = None
+    reference_args: list[Any] = field(default_factory=list)
+
+
 # Where interpret mode's race detector runs (evaluator/execution/handlers.py, run): "full" on every seed
 # of every case; "auto" on the first seed of a case whose kernels start DMAs (nothing else can
 # race), and on its other seeds too unless dropping it is cheaper than the compile it costs;
@@ -171,6 +184,11 @@ class Compiled:
 
 
 @dataclass
+class Costed:
+    cost: dict[str, Any]  # evaluator.performance.xla_cost.XlaProgramCost's fields
+
+
+@dataclass
 class SeedResult:
     """One seed of a Run: `n_outputs` arrays follow in the reply's arrays when ok."""
 
@@ -210,8 +228,8 @@ class Pong:
     echo: Any = None
 
 
-Request = Union[Load, Trace, Lower, Compile, Run, Time, Call, Reset, Ping]
-Reply = Union[Failed, Ready, Refused, Done, Traced, Compiled, Ran, Timed, Returned, Pong]
+Request = Union[Load, Trace, Lower, Compile, ReferenceCost, Run, Time, Call, Reset, Ping]
+Reply = Union[Failed, Ready, Refused, Done, Traced, Compiled, Costed, Ran, Timed, Returned, Pong]
 MESSAGES: dict[str, type] = {cls.__name__: cls for cls in (*typing.get_args(Request), *typing.get_args(Reply))}
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from evaluator.analysis.jaxpr_analysis import PallasCallInfo, TraceSummary
 from evaluator.analysis.jaxpr_cost import Cost
-from evaluator.performance.hardware import GRID_STEP_S, TpuGeneration
+from evaluator.performance.hardware import F32_MATMUL_SHARE, GRID_STEP_S, TpuGeneration
 from tasks.spec import ArgSpec, np_dtype
 
 
@@ -36,6 +36,8 @@ class KernelEstimate:
     # What such a count depends on when not only the task's bounded integer inputs ("float
     # data"); '' otherwise. Only those inputs leave the 0.8x-ideal rule undecided.
     unbounded_trips_from: str = ""
+    f32_matmul_flops: float = 0.0  # of flops: matmuls on float32 operands
+    runs: float = 1.0  # times the call runs (loops around it outside kernels)
 
 
 @dataclass
@@ -58,6 +60,11 @@ class PerfEstimate:
     # No kernel doing the task's work can be faster than this.
     floor_time_s: float = 0.0
     grid_steps: int = 0  # over all kernels and their runs, each costing GRID_STEP_S
+    # The glue outside kernels, as the speed prediction prices it (evaluator/performance/prediction.py):
+    # its FLOPs with the matmuls and convolutions left to XLA, and the bytes its ops touch.
+    glue_flops: float = 0.0
+    glue_f32_matmul_flops: float = 0.0
+    glue_bytes: float = 0.0
 
     @property
     def lower_bound(self) -> bool:
@@ -88,7 +95,7 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
     flops = call.flops
     time_s = roofline(flops, moved, gen, call.f32_matmul_flops) + steps * call.runs * GRID_STEP_S
     return KernelEstimate(call.name, steps, moved, flops, time_s, data_dependent,
-                          call.data_dependent_trips, call.unbounded_trips_from)
+                          call.data_dependent_trips, call.unbounded_trips_from, call.f32_matmul_flops, call.runs)
 
 
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,
@@ -119,14 +126,17 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
         bound="compute" if compute_time(flops, f32_matmul, gen) >= hbm / gen.hbm_bytes_per_s
         else "memory", kernels=kernels,
         floor_time_s=roofline(reference.flops * necessary_flops_share, ideal_bytes, gen),
-        grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)))
+        grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)),
+        glue_flops=outside.flops + outside.heavy_flops, glue_f32_matmul_flops=outside.f32_matmul_flops,
+        glue_bytes=glue_bytes)
 
 
-def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration) -> float:
-    """Seconds of arithmetic: f32-operand matmuls at the f32 matmul rate, the rest at the
-    bf16 peak (elementwise work too: the model does not split out the vector units)."""
+def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration,
+                 f32_matmul_share: float = F32_MATMUL_SHARE) -> float:
+    """Seconds of arithmetic: f32-operand matmuls at `f32_matmul_share` of the bf16 peak, the
+    rest at the peak (elementwise work too: the model does not split out the vector units)."""
     return ((flops - f32_matmul_flops) / gen.bf16_flops_per_s
-            + f32_matmul_flops / gen.f32_matmul_flops_per_s)
+            + f32_matmul_flops / (gen.bf16_flops_per_s * f32_matmul_share))
 
 
 def roofline(flops: float, hbm_bytes: float, gen: TpuGeneration, f32_matmul_flops: float = 0.0

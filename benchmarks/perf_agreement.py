@@ -1,0 +1,230 @@
+"""Predicted TPU times held against JAXBench's measured v6e times (nothing here ran on a TPU).
+
+    python benchmarks/perf_agreement.py --suite /path/to/JAXBench [--fit] [--heldout] [--plot PNG]
+
+Measured: `benchmark/results.csv` (device-profiler times of the benchmark workloads' XLA baselines
+and optimized kernels; the k-workloads timed in bf16, as their run_all.py builds them) and
+`pallas_eval/results/eval_<model>.json` (wall-clock times of each generated kernel that their
+harness found correct, and of the reference it faced). Predicted: `python -m evaluator estimate
+--suite jaxbench:PATH [--attempts MODEL] --json`, run once into runs/perf-agreement/ and reused.
+
+`--fit` fits the calibration constants on the tuning set only (the benchmark workloads and
+GPT-5.3's kernels and references) and writes them to evaluator/performance/calibration.json;
+`--heldout` adds Gemini 3's kernels, which nothing was fitted on: run it once, at the end.
+Prints a Markdown table (docs/performance-model.md) of, per set: share within 2x, median
+predicted/measured, Spearman, and for kernels the sign accuracy of "faster than XLA" beside its
+base rate.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evaluator.performance import calibration as calib  # noqa: E402
+from evaluator.performance.fit import Agreement, Sample, agreement, fit  # noqa: E402
+from evaluator.performance.hardware import GENERATIONS  # noqa: E402
+from evaluator.performance.prediction import CaseInputs, predict_case  # noqa: E402
+
+TUNING_MODEL, HELDOUT_MODEL = "gpt53", "gemini3"
+RUNS = Path("runs/perf-agreement")
+GEN = GENERATIONS["v6e"]  # JAXBench measured on v6e
+
+
+def estimate_rows(suite: Path, model: str | None, workers: int) -> list[dict[str, Any]]:
+    """`estimate --json` rows for the suite's solutions (model None) or one model's attempts,
+    from runs/perf-agreement/ when an earlier run left them."""
+    out = RUNS / f"{model or 'solutions'}.jsonl"
+    if not out.is_file() or not out.stat().st_size:
+        RUNS.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "evaluator", "estimate", "--suite", f"jaxbench:{suite}", "--json",
+               "--workers", str(workers), "--tpu", GEN.name] + (["--attempts", model] if model else [])
+        with open(out, "w") as f:
+            subprocess.run(cmd, check=True, stdout=f)
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def case_inputs(row: dict[str, Any]) -> CaseInputs | None:
+    cases = row.get("cases") or {}
+    return CaseInputs.from_dict(next(iter(cases.values()))["inputs"]) if cases else None
+
+
+def workload_samples(suite: Path, rows: list[dict[str, Any]], bf16: dict[str, CaseInputs]) -> list[Sample]:
+    """The benchmark workloads: XLA baselines and optimized kernels, as timed (bf16 where bf16)."""
+    measured: dict[str, dict[str, float]] = {}
+    with open(suite / "benchmark" / "results.csv") as f:
+        for r in csv.DictReader(f):
+            if r["status"] == "success":
+                measured.setdefault(f"jaxbench/{r['workload']}", {})[r["variant"]] = float(r["median_ms"]) / 1e3
+    samples = []
+    for row in rows:
+        times, inputs = measured.get(row["task"]), bf16.get(row["task"]) or case_inputs(row)
+        if not times or inputs is None:
+            continue
+        kernel_s = times.get("optimized") if row["task"] not in bf16 else None
+        samples.append(Sample(row["task"], "benchmark", inputs, kernel_s, times.get("baseline")))
+    return samples
+
+
+def bf16_inputs(suite: Path, rows: list[dict[str, Any]]) -> dict[str, CaseInputs]:
+    """The k-workloads' references at the bf16 inputs JAXBench timed (our adapter builds f32):
+    XLA's cost compiled at bf16, our count with no f32 matmul."""
+    from evaluator.digest import task_digest
+    from evaluator.stages import case_spec
+    from evaluator.truth.xla_reference import ReferenceCosts
+    from suites.resolver import TaskResolver
+
+    out = {}
+    costs = ReferenceCosts(task_digest)
+    with TaskResolver([f"jaxbench:{suite}"]) as resolver:
+        for row in rows:
+            inputs = case_inputs(row)
+            if inputs is None or not row["task"].split("/")[-1].split("_")[0].endswith("k"):
+                continue
+            task = resolver.task(row["task"])
+            case = next(c for c in task.cases if c.name in row["cases"])
+            spec = case_spec(task, case)
+            spec.args = [(shape, "bfloat16" if dtype == "float32" else dtype) for shape, dtype in spec.args]
+            spec.name += "_as_bf16"
+            xla = costs.cost(task, case, spec, GEN)
+            reference = dataclasses.replace(inputs.reference, f32_matmul_flops=0.0)
+            out[row["task"]] = dataclasses.replace(
+                inputs, reference=reference, ideal_bytes=inputs.ideal_bytes / 2,
+                xla=xla if not isinstance(xla, str) else None, xla_unavailable=xla if isinstance(xla, str) else "")
+    costs.close()
+    return out
+
+
+def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]]) -> list[Sample]:
+    """A model's kernels that JAXBench's harness found correct and timed, with their references."""
+    from suites.attempts import discover
+
+    timed = {a.key: a for a in discover(suite, [model]) if a.theirs is not None and a.theirs.verdict == "correct"}
+    records = {}
+    for r in json.loads((suite / "pallas_eval" / "results" / f"eval_{model}.json").read_text())["results"]:
+        records[(r.get("suite"), r.get("level"), r["name"])] = r
+    samples = []
+    for row in rows:
+        attempt = timed.get(row["candidate"])
+        inputs = case_inputs(row)
+        if attempt is None or inputs is None:
+            continue
+        level = attempt.group.removeprefix("jaxkernelbench_") if attempt.group.startswith("jaxkernelbench") else None
+        suite_name = "jaxkernelbench" if level else "priority_kernels"
+        record = records.get((suite_name, level, attempt.path.stem.removesuffix(f"_{model}")))
+        if not record or not record.get("generated_ms") or not record.get("original_ms"):
+            continue
+        samples.append(Sample(row["candidate"], model, inputs, record["generated_ms"] / 1e3, record["original_ms"] / 1e3))
+    return samples
+
+
+def figures(samples: list[Sample], c: calib.Calibration) -> dict[str, Any]:
+    kernel = [(predict_case(s.inputs, GEN, c), s) for s in samples if s.kernel_s]
+    xla = [(predict_case(s.inputs, GEN, c), s) for s in samples if s.xla_s]
+    both = [(p, s) for p, s in kernel if s.xla_s]
+    out: dict[str, Any] = {
+        "kernel": agreement([p.kernel_s for p, _ in kernel], [s.kernel_s for _, s in kernel]),
+        "xla": agreement([p.xla_s for p, _ in xla], [s.xla_s for _, s in xla]),
+        "speedup": agreement([p.speedup for p, _ in both], [s.xla_s / s.kernel_s for _, s in both])}
+    if both:
+        faster = [s.xla_s > s.kernel_s for _, s in both]
+        out["sign_accuracy"] = sum((p.speedup > 1) == f for (p, _), f in zip(both, faster)) / len(both)
+        out["base_rate"] = max(sum(faster), len(faster) - sum(faster)) / len(faster)
+    return out
+
+
+def table(sets: dict[str, list[Sample]], before: calib.Calibration, after: calib.Calibration) -> str:
+    lines = ["| set | constants | XLA refs within 2x | median ratio | Spearman | kernels within 2x | median ratio "
+             "| Spearman | speedup Spearman | faster-than-XLA accuracy (base rate) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cells(a: Agreement) -> list[str]:
+        rho = "-" if a.spearman is None else f"{a.spearman:.2f}"
+        return [f"{a.within_2x:.0%} of {a.n}", f"{a.median_ratio:.2f}", rho] if a.n else ["-", "-", "-"]
+
+    for name, samples in sets.items():
+        for label, c in (("assumed", before), ("fitted", after)):
+            f = figures(samples, c)
+            sign = (f"{f['sign_accuracy']:.0%} ({f['base_rate']:.0%})" if "sign_accuracy" in f else "-")
+            rho = f["speedup"].spearman
+            lines.append("| " + " | ".join([name, label, *cells(f["xla"]), *cells(f["kernel"]),
+                                            "-" if rho is None else f"{rho:.2f}", sign]) + " |")
+    return "\n".join(lines)
+
+
+def plot(sets: dict[str, list[Sample]], c: calib.Calibration, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    for name, samples in sets.items():
+        preds = [(predict_case(s.inputs, GEN, c), s) for s in samples]
+        xs = [s.xla_s * 1e3 for _, s in preds if s.xla_s] + [s.kernel_s * 1e3 for _, s in preds if s.kernel_s]
+        ys = [p.xla_s * 1e3 for p, s in preds if s.xla_s] + [p.kernel_s * 1e3 for p, s in preds if s.kernel_s]
+        axes[0].scatter(xs, ys, s=12, alpha=0.7, label=name)
+        both = [(p, s) for p, s in preds if s.xla_s and s.kernel_s]
+        axes[1].scatter([s.xla_s / s.kernel_s for _, s in both], [p.speedup for p, _ in both], s=12, alpha=0.7,
+                        label=name)
+    for ax, what in zip(axes, ("time (ms): XLA references and kernels", "speedup over XLA")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        lo, hi = ax.get_xlim()
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.plot([lo, hi], [2 * lo, 2 * hi], "k:", lw=0.6)
+        ax.plot([lo, hi], [lo / 2, hi / 2], "k:", lw=0.6)
+        ax.set_xlabel(f"measured on TPU v6e ({what})")
+        ax.set_ylabel("predicted without a TPU")
+        ax.legend(fontsize=8)
+    fig.suptitle("Predicted vs measured (JAXBench, v6e); dotted: within 2x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", type=Path, required=True, help="a JAXBench checkout")
+    p.add_argument("--fit", action="store_true", help="fit the constants on the tuning set and write them")
+    p.add_argument("--calibration", type=Path, default=calib.DEFAULT_FILE, help="where --fit writes")
+    p.add_argument("--heldout", action="store_true", help=f"also {HELDOUT_MODEL}'s kernels (held out: run once)")
+    p.add_argument("--plot", type=Path, default=None, help="write the scatter plot here")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    args = p.parse_args(argv)
+
+    solutions = estimate_rows(args.suite, None, args.workers)
+    tuning = {"benchmark workloads": workload_samples(args.suite, solutions, bf16_inputs(args.suite, solutions)),
+              f"{TUNING_MODEL} kernels": attempt_samples(args.suite, TUNING_MODEL,
+                                                         estimate_rows(args.suite, TUNING_MODEL, args.workers))}
+    before = calib.Calibration()
+    after = calib.load()
+    if args.fit:
+        after = fit([s for samples in tuning.values() for s in samples], GEN, before,
+                    fitted_on=f"JAXBench v6e: benchmark workloads and {TUNING_MODEL}'s kernels "
+                              f"({sum(map(len, tuning.values()))} cases)")
+        calib.save(after, args.calibration)
+        print(f"wrote {args.calibration}: {after}", file=sys.stderr)
+    sets = dict(tuning)
+    if args.heldout:
+        sets[f"{HELDOUT_MODEL} kernels (held out)"] = attempt_samples(
+            args.suite, HELDOUT_MODEL, estimate_rows(args.suite, HELDOUT_MODEL, args.workers))
+    print(table(sets, before, after))
+    if args.plot:
+        plot(sets, after, args.plot)
+    if args.json:
+        args.json.write_text(json.dumps({name: {k: (dataclasses.asdict(v) if isinstance(v, Agreement) else v)
+                                                for k, v in figures(samples, after).items()}
+                                         for name, samples in sets.items()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

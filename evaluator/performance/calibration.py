@@ -1,0 +1,63 @@
+"""The few constants of the speed prediction (evaluator/performance/prediction.py), fitted to real
+TPU timings, and the file they are read from.
+
+Fitted by `python -m evaluator calibrate` (evaluator/performance/fit.py) on JAXBench's measured v6e
+times of its benchmark workloads and GPT-5.3's kernels (benchmarks/perf_agreement.py); Gemini 3's
+kernels are held out. A TPU user refits them from their own timings into a file of their own and
+points `PALLAS_KERNEL_GYM_CALIBRATION` at it. The verdict cache keys on them (evaluator/grader.py).
+
+These constants move predictions only. The work rules of the estimate stage keep the unfitted
+model of evaluator/performance/perf_model.py, so a refit never changes a verdict's status.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_FILE = Path(__file__).with_name("calibration.json")
+MIN_CALL_S = 1e-7  # no call takes less, whatever the floor is set to: a prediction never divides by zero
+ENV = "PALLAS_KERNEL_GYM_CALIBRATION"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the roofline leaves out, one number each (docs/performance-model.md)."""
+
+    grid_step_s: float = 0.35e-6      # fixed cost of one Pallas grid step
+    f32_matmul_share: float = 1 / 3   # f32-operand matmul rate in a kernel, as a share of the bf16 peak
+    hbm_efficiency: float = 1.0       # share of the published HBM bandwidth a kernel's DMAs reach
+    compute_efficiency: float = 1.0   # share of the peak FLOP rate a kernel's arithmetic reaches
+    xla_efficiency: float = 1.0       # XLA's cost-model time over the time XLA's program takes
+    loop_iteration_s: float = 0.0     # fixed cost of one iteration of a loop XLA runs (scan, while)
+    dispatch_floor_s: float = 0.0     # the least time a timed call takes, kernel or XLA
+    fitted_on: str = "not fitted: the model's assumptions"
+
+    @property
+    def floor_s(self) -> float:
+        return max(self.dispatch_floor_s, MIN_CALL_S)
+
+    def to_dict(self) -> dict[str, float | str]:
+        return dataclasses.asdict(self)
+
+
+def load(path: str | Path | None = None) -> Calibration:
+    """The constants from `path`, else from $PALLAS_KERNEL_GYM_CALIBRATION, else the committed file."""
+    path = Path(path or os.environ.get(ENV) or DEFAULT_FILE)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"calibration file {path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"calibration file {path} is not JSON: {exc}") from None
+    known = {f.name for f in dataclasses.fields(Calibration)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"calibration file {path} has unknown constants {sorted(unknown)}")
+    return Calibration(**data)
+
+
+def save(calibration: Calibration, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(calibration.to_dict(), indent=2) + "\n")

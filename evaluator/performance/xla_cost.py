@@ -1,0 +1,184 @@
+"""XLA's own TPU cost model for a reference, read from a libtpu compile for a named generation
+(no TPU needed), and the pitfalls around it (docs/performance-model.md):
+
+- `optimal_seconds` is a sum of per-instruction rooflines; custom calls count zero (a Pallas
+  kernel, XLA's own online-softmax that attention references become). Their operand and result
+  bytes, and the FLOPs our count of the reference has beyond XLA's, are priced by our model.
+- Loop bodies count once: the FLOPs of the other iterations are in that same FLOP gap, and each
+  iteration costs a fixed overhead (a calibrated constant).
+- Some programs come out at zero or below (MLA attention): such a value is flagged, never used;
+  our model's time of the reference stands in.
+
+`read_compiled` runs in the worker (evaluator/execution/handlers.py); the rest on the host.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evaluator.analysis.jaxpr_cost import Cost
+from evaluator.performance.calibration import Calibration
+from evaluator.performance.hardware import TpuGeneration
+from evaluator.performance.perf_model import compute_time
+
+# Custom calls that do no work of their own: buffer allocation and index hints.
+BOOKKEEPING_CALLS = frozenset({"AllocateBuffer", "AssumeGatherIndicesInBound", "Sharding", "SPMDFullToShardShape",
+                               "SPMDShardToFullShape", "MoveToHost", "MoveToDevice", "annotate_device_placement"})
+# XLA's FLOP count below ours by more than this share: work it did not price (custom calls,
+# loop bodies counted once). Smaller gaps are counting conventions (a reduction's first element).
+FLOP_GAP_SHARE = 0.02
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+             "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+
+
+@dataclass
+class XlaProgramCost:
+    """What XLA's cost model says of one compiled program (plain values: it crosses the wire)."""
+
+    optimal_s: float
+    flops: float
+    bytes_accessed: float
+    transcendentals: float
+    custom_calls: list[str] = field(default_factory=list)  # targets of the calls that do work
+    custom_call_bytes: float = 0.0  # their operands' and results' bytes, which XLA prices at zero
+    while_loops: int = 0
+
+
+def read_compiled(compiled: Any) -> XlaProgramCost:
+    """The cost analysis of a `jax.stages.Compiled`, and the custom calls of its HLO."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, list):  # older jax: one dict per program
+        analysis = analysis[0] if analysis else {}
+    cost = XlaProgramCost(optimal_s=float(analysis.get("optimal_seconds", -1.0)),
+                          flops=float(analysis.get("flops", 0.0)),
+                          bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
+                          transcendentals=float(analysis.get("transcendentals", 0.0)))
+    read_hlo(compiled.as_text(), cost)
+    return cost
+
+
+def read_hlo(text: str, cost: XlaProgramCost) -> None:
+    """Custom calls that do work and their bytes, and while loops, from compiled HLO text."""
+    sizes: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m is None:
+            continue
+        name, result_type, op, rest = m.groups()
+        sizes[name] = _type_bytes(result_type)
+        if op == "while":
+            cost.while_loops += 1
+        if op != "custom-call":
+            continue
+        target = _TARGET.search(rest)
+        if target is None or target.group(1) in BOOKKEEPING_CALLS:
+            continue
+        operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
+        cost.custom_calls.append(target.group(1))
+        cost.custom_call_bytes += sizes[name] + sum(sizes.get(o, 0.0) for o in operands)
+
+
+def _type_bytes(hlo_type: str) -> float:
+    """Bytes of an HLO result type: an array `f32[4,128]{...}` or a tuple of them."""
+    total = 0.0
+    for dtype, dims in _ARRAY.findall(hlo_type):
+        itemsize = _ITEMSIZE.get(dtype, 1 if dtype.startswith("f8") else 0)
+        total += itemsize * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+@dataclass
+class ReferenceTime:
+    """The predicted time of the XLA reference at one case, and how it was reached."""
+
+    time_s: float
+    method: str  # "xla" (XLA's cost model, its gaps priced by ours) or "model" (ours alone)
+    notes: list[str] = field(default_factory=list)
+
+
+def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes: float, gen: TpuGeneration,
+                    calibration: Calibration, unavailable: str = "") -> ReferenceTime:
+    """XLA's time for the reference, its pitfalls handled; `ours` is our count of what the
+    reference computes (evaluator/truth/reference.py), `ideal_bytes` its inputs and outputs
+    once. Without a usable XLA figure (`unavailable` says why) our roofline of the reference."""
+    notes: list[str] = []
+    if xla is not None and not (math.isfinite(xla.optimal_s) and xla.optimal_s > 0):
+        unavailable = f"XLA's cost model gave {xla.optimal_s:.3g} s, not physical: not used"
+        xla = None
+    loops_s = ours.loop_iterations * calibration.loop_iteration_s
+    if xla is None:
+        seconds = max(compute_time(ours.flops, ours.f32_matmul_flops, gen, calibration.f32_matmul_share),
+                      ideal_bytes / (gen.hbm_bytes_per_s * calibration.hbm_efficiency))
+        return ReferenceTime(max(seconds + loops_s, calibration.floor_s), "model",
+                             [unavailable] if unavailable else [])
+    seconds = xla.optimal_s / calibration.xla_efficiency
+    gap_flops = ours.flops - xla.flops
+    gap_s = 0.0
+    if gap_flops > FLOP_GAP_SHARE * ours.flops:
+        gap_s = gap_flops / gen.bf16_flops_per_s  # at the peak, as XLA prices what it sees
+        notes.append(f"{gap_flops / 1e9:.3g} GFLOP XLA's model did not price (custom calls, loop bodies "
+                     "counted once): priced by ours")
+    call_s = xla.custom_call_bytes / (gen.hbm_bytes_per_s * calibration.hbm_efficiency)
+    if xla.custom_calls:
+        notes.append(f"custom calls {sorted(set(xla.custom_calls))} priced by their bytes")
+    if loops_s:
+        notes.append(f"{ours.loop_iterations:,.0f} loop iterations at {calibration.loop_iteration_s * 1e6:.2g} us")
+    return ReferenceTime(max(seconds + max(gap_s, call_s) + loops_s, calibration.floor_s), "xla", notes)
+
+
+@dataclass
+class ReferenceWork:
+    """Our count of what a reference computes (evaluator.analysis.jaxpr_cost.Cost), as much as
+    pricing it needs."""
+
+    flops: float
+    f32_matmul_flops: float
+    loop_iterations: float
+
+    @classmethod
+    def of(cls, cost: Cost) -> "ReferenceWork":
+        return cls(cost.flops, cost.f32_matmul_flops, cost.loop_iterations)
+
+
+class XlaCostCache:
+    """Compiled costs by content: one JSON file per (reference code, case, generation, versions).
+
+    Where: `$PALLAS_KERNEL_GYM_XLA_COSTS`, else `$XDG_CACHE_HOME/pallas-kernel-gym/xla-costs`
+    (~/.cache by default). Concurrent writers replace whole files, so readers never see half.
+    """
+
+    def __init__(self, folder: str | Path | None = None):
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        self.folder = Path(folder or os.environ.get("PALLAS_KERNEL_GYM_XLA_COSTS")
+                           or Path(base) / "pallas-kernel-gym" / "xla-costs")
+
+    @staticmethod
+    def key(*parts: Any) -> str:
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+    def get(self, key: str) -> XlaProgramCost | str | None:
+        """The cost, or the compile error recorded for it, or None if never compiled."""
+        try:
+            data = json.loads((self.folder / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data["error"] if "error" in data else XlaProgramCost(**data["cost"])
+
+    def put(self, key: str, value: XlaProgramCost | str) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f".{key}.{os.getpid()}.tmp"
+            body = {"error": value} if isinstance(value, str) else {"cost": asdict(value)}
+            tmp.write_text(json.dumps(body))
+            tmp.replace(self.folder / f"{key}.json")
+        except OSError:
+            pass  # a read-only home: compile again next time

@@ -1,0 +1,96 @@
+"""XLA's cost of each task's reference at each case for a generation, compiled once per content.
+
+Looked up in the disk cache (evaluator/performance/xla_cost.py, XlaCostCache) first, else
+compiled by libtpu in workers of their own: no candidate's code is loaded there, so a libtpu
+crash or a slow compile costs the candidate's grading nothing but the prediction's XLA side.
+A compile that fails, crashes or runs over REFERENCE_COMPILE_S is recorded as such: the next
+grading of the same reference does not wait for it again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import threading
+from typing import Callable
+
+from evaluator.execution.backends import BACKENDS
+from evaluator.execution.protocol import CaseSpec, Costed, ReferenceCost
+from evaluator.execution.sandbox import Limits, WorkerError, WorkerPool
+from evaluator.performance.hardware import TpuGeneration
+from evaluator.performance.xla_cost import XlaCostCache, XlaProgramCost
+from tasks.spec import Case, Task
+
+NO_LIBTPU = "libtpu is not installed (pip install -e '.[tpu-compile]')"
+# The longest a reference's compile may take (JAXBench's took a median 4.6 s, at most 122 s, and
+# a 3-D transposed convolution over 5 minutes): longer, the prediction prices it by our model.
+REFERENCE_COMPILE_S = 150.0
+
+
+def libtpu_version() -> str | None:
+    if importlib.util.find_spec("libtpu") is None:
+        return None
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class ReferenceCosts:
+    """`cost(task, case, spec, gen)`: XLA's figures, or why there are none (a string)."""
+
+    def __init__(self, digest: Callable[[Task], str], limits: Limits = Limits(), cache: XlaCostCache | None = None,
+                 workers: int = 1):
+        """`digest`: a content hash of a task's reference code (evaluator/digest.py, task_digest);
+        `workers`: compiles at once (one per grading thread: a slow compile holds up only its own)."""
+        self.digest = digest
+        self.limits = dataclasses.replace(limits, step_timeout_s=REFERENCE_COMPILE_S)
+        self.cache = cache or XlaCostCache()
+        self.libtpu = libtpu_version()
+        self._pool: WorkerPool | None = None
+        self._workers = max(1, workers)
+        self._lock = threading.Lock()
+        self._keys: dict[str, threading.Lock] = {}
+
+    def cost(self, task: Task, case: Case, spec: CaseSpec, gen: TpuGeneration) -> XlaProgramCost | str:
+        if self.libtpu is None:
+            return NO_LIBTPU
+        import jax
+
+        key = self.cache.key(self.digest(task), spec.name, spec.args, gen.topology, jax.__version__, self.libtpu)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            key_lock = self._keys.setdefault(key, threading.Lock())
+            if self._pool is None:
+                self._pool = WorkerPool(BACKENDS["tpu-compile"], size=self._workers, limits=self.limits)
+        with key_lock:  # the same reference asked twice at once is compiled once
+            hit = self.cache.get(key)
+            if hit is None:
+                hit = self._compile(task, case, spec, gen)
+                self.cache.put(key, hit)
+            return hit
+
+    def _compile(self, task: Task, case: Case, spec: CaseSpec, gen: TpuGeneration) -> XlaProgramCost | str:
+        request = ReferenceCost(task.name, spec, gen.topology)
+        if task.external is not None:
+            request.reference_source, request.reference_function, request.reference_args = (
+                task.external.timing_reference(case))
+        assert self._pool is not None
+        with self._pool.lease() as worker:
+            try:
+                reply, _ = worker.call(request, what=f"compiling the reference of {task.name} at {spec.name} "
+                                                     f"for {gen.name}")
+            except WorkerError as exc:  # a libtpu crash or a compile over the limit: it would do it again
+                worker.kill()
+                return f"compiling the reference for {gen.name} failed: {exc}"
+        if isinstance(reply, Costed):
+            return XlaProgramCost(**reply.cost)
+        return (f"XLA could not compile the reference for {gen.name}: {reply.error_type}: "
+                f"{reply.error.splitlines()[0] if reply.error else ''}")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -1,0 +1,242 @@
+"""The speed prediction without a TPU: XLA's cost model for the reference with its pitfalls
+handled (a custom call priced at zero, a loop counted once, a negative time), our model for the
+kernels, the fit of the constants, and the commands that show and refit them."""
+import dataclasses
+import json
+import math
+
+import pytest
+
+from evaluator.analysis.jaxpr_cost import Cost
+from evaluator.digest import task_digest
+from evaluator.performance.calibration import Calibration
+from evaluator.performance.fit import Sample, agreement, fit, spearman
+from evaluator.performance.hardware import GENERATIONS
+from evaluator.performance.prediction import CaseInputs, KernelWork, kernel_time, predict_case
+from evaluator.performance.xla_cost import ReferenceWork, XlaCostCache, XlaProgramCost, price_reference, read_hlo
+from evaluator.truth.xla_reference import ReferenceCosts
+from tests.conftest import ROOT, require_module
+
+GEN = GENERATIONS["v6e"]
+SUITE = ROOT / "tests" / "peer_suites" / "jaxbench"
+HLO = """\
+ENTRY %main (p0: f32[4,16,4096,128], p1: f32[4,16,4096,128]) -> f32[4,16,4096,128] {
+  %p0 = f32[4,16,4096,128]{3,2,1,0} parameter(0)
+  %p1 = f32[4,16,4096,128]{3,2,1,0} parameter(1)
+  %custom-call = f32[4,2048,16]{1,2,0:T(8,128)S(1)} custom-call(), custom_call_target="AllocateBuffer"
+  %scores = f32[4,16,4096,4096]{3,2,1,0:T(8,128)} fusion(%p0, %p1), kind=kOutput, calls=%fused
+  %while.1 = (s32[], f32[4,16,4096,128]{3,2,1,0}) while(%tuple.29), condition=%cond, body=%body
+  ROOT %online-softmax = f32[4,16,4096,128]{3,2,1,0:T(8,128)} custom-call(%scores, %p1), custom_call_target="tpu_custom_call", backend_config={"x":"y"}
+}
+"""
+
+
+def test_custom_calls_that_work_are_priced_by_their_bytes_and_bookkeeping_is_not():
+    cost = XlaProgramCost(1e-3, 1e9, 1e8, 0.0)
+    read_hlo(HLO, cost)
+    scores, value = 4 * 16 * 4096 * 4096 * 4, 4 * 16 * 4096 * 128 * 4
+    assert cost.custom_calls == ["tpu_custom_call"]
+    assert cost.custom_call_bytes == scores + 2 * value  # operands read, result written
+    assert cost.while_loops == 1
+
+
+def test_a_non_physical_xla_time_is_flagged_and_our_model_stands_in():
+    ours = ReferenceWork(flops=2e12, f32_matmul_flops=0.0, loop_iterations=0)
+    for bad in (-2e-3, 0.0, math.nan):
+        t = price_reference(XlaProgramCost(bad, 1e12, 1e9, 0.0), ours, 1e9, GEN, Calibration())
+        assert t.method == "model" and "not physical" in t.notes[0]
+        assert t.time_s == pytest.approx(max(2e12 / GEN.bf16_flops_per_s, 1e9 / GEN.hbm_bytes_per_s))
+
+
+def test_work_xla_did_not_price_is_added_and_loops_cost_their_iterations():
+    c = Calibration(loop_iteration_s=2e-6)
+    xla = XlaProgramCost(1e-3, 1e12, 1e9, 0.0)
+    seen = price_reference(xla, ReferenceWork(1e12, 0.0, 0), 1e9, GEN, c)
+    assert seen.method == "xla" and seen.time_s == pytest.approx(1e-3) and not seen.notes
+    # Our count has twice XLA's FLOPs (a custom call or a loop body counted once): the gap is priced.
+    gap = price_reference(xla, ReferenceWork(2e12, 0.0, 0), 1e9, GEN, c)
+    assert gap.time_s == pytest.approx(1e-3 + 1e12 / GEN.bf16_flops_per_s)
+    assert "did not price" in gap.notes[0]
+    looped = price_reference(xla, ReferenceWork(1e12, 0.0, 4096), 1e9, GEN, c)
+    assert looped.time_s == pytest.approx(1e-3 + 4096 * 2e-6)
+
+
+def test_the_kernel_side_adds_steps_and_glue_and_never_goes_under_the_floor():
+    kernel = KernelWork(flops=1e12, f32_matmul_flops=0.0, hbm_bytes=1e9, grid_steps=1000)
+    inputs = CaseInputs([kernel], glue_flops=0.0, glue_f32_matmul_flops=0.0, glue_bytes=1.64e9,
+                        reference=ReferenceWork(1e12, 0.0, 0), ideal_bytes=1e9, xla=None)
+    c = Calibration(grid_step_s=1e-6)
+    seconds, bound = kernel_time(inputs, GEN, c)
+    assert seconds == pytest.approx(1e12 / GEN.bf16_flops_per_s + 1000e-6 + 1.64e9 / GEN.hbm_bytes_per_s)
+    assert bound == "memory"  # 0.61 ms of kernel bytes and 1 ms of glue bytes outweigh 1.09 ms of compute
+    floored, why = kernel_time(dataclasses.replace(inputs, kernels=[], glue_bytes=0.0), GEN,
+                               dataclasses.replace(c, dispatch_floor_s=5e-5))
+    assert (floored, why) == (5e-5, "dispatch floor")
+
+
+def test_the_fit_recovers_constants_the_times_were_made_with():
+    truth = Calibration(grid_step_s=1.5e-6, xla_efficiency=0.6, compute_efficiency=0.5)
+    samples = []
+    for i in range(12):
+        steps, flops = 10 ** (2 + i % 4), 1e11 * (1 + i)
+        inputs = CaseInputs([KernelWork(flops, 0.0, 1e8 * (12 - i), steps)], 0.0, 0.0, 0.0,
+                            ReferenceWork(flops, 0.0, 0), 1e8, XlaProgramCost(flops / 4e14, flops, 1e8, 0.0))
+        p = predict_case(inputs, GEN, truth)
+        samples.append(Sample(str(i), "synthetic", inputs, p.kernel_s, p.xla_s))
+    fitted = fit(samples, GEN, Calibration(), constants=("grid_step_s", "xla_efficiency", "compute_efficiency"))
+    for name in ("grid_step_s", "xla_efficiency", "compute_efficiency"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.15), name
+    assert agreement([predict_case(s.inputs, GEN, fitted).kernel_s for s in samples],
+                     [s.kernel_s for s in samples]).within_2x == 1.0
+
+
+def test_spearman_is_rank_correlation():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None
+
+
+def test_without_libtpu_the_reference_is_priced_by_our_model_and_says_so():
+    import tasks
+
+    task = tasks.get_task("softmax")
+    case = task.select("train", "bench")[0]
+    costs = ReferenceCosts(task_digest)
+    costs.libtpu = None
+    from evaluator.stages import case_spec
+
+    why = costs.cost(task, case, case_spec(task, case), GEN)
+    assert isinstance(why, str) and "libtpu is not installed" in why
+    inputs = CaseInputs([], 0.0, 0.0, 0.0, ReferenceWork.of(Cost(flops=1e9)), 2e8, None, why)
+    p = predict_case(inputs, GEN, Calibration())
+    assert p.xla_method == "model" and "libtpu" in p.notes[0]
+
+
+# --- with libtpu: real compiles -------------------------------------------------------------------
+@pytest.fixture
+def with_libtpu():
+    require_module("libtpu", "pip install -e '.[tpu-compile]'")
+
+
+def test_a_reference_with_xlas_own_custom_call_is_priced_above_xlas_zero(with_libtpu, tmp_path):
+    """attention_fwd's f32 reference becomes XLA's online-softmax custom call, priced at zero by
+    XLA's cost analysis: our price of the reference adds the work and bytes it left out."""
+    import tasks
+    from evaluator.stages import case_spec
+    from evaluator.truth.reference import ReferenceCache
+
+    task = tasks.get_task("attention_fwd")
+    case = next(c for c in task.select("train", "bench") if c.dtype == "float32")
+    costs = ReferenceCosts(task_digest, cache=XlaCostCache(tmp_path))
+    try:
+        xla = costs.cost(task, case, case_spec(task, case), GEN)
+    finally:
+        costs.close()
+    assert isinstance(xla, XlaProgramCost), xla
+    assert "tpu_custom_call" in xla.custom_calls and xla.custom_call_bytes > 0
+    ours = ReferenceCache().cost(task, case)
+    assert xla.flops < 0.9 * ours.flops  # the custom call's half of the work is missing from XLA's count
+    priced = price_reference(xla, ReferenceWork.of(ours), 1e9, GEN, Calibration())
+    assert priced.method == "xla" and priced.time_s > xla.optimal_s
+    # Read back from the cache: no worker is started for it.
+    again = ReferenceCosts(task_digest, cache=XlaCostCache(tmp_path))
+    assert again.cost(task, case, case_spec(task, case), GEN) == xla and again._pool is None
+
+
+def test_a_loop_in_a_reference_costs_its_iterations(with_libtpu, tmp_path):
+    """linear_recurrence's reference is a scan over time: XLA counts its body once."""
+    import tasks
+    from evaluator.stages import case_spec
+    from evaluator.truth.reference import ReferenceCache
+
+    task = tasks.get_task("linear_recurrence")
+    case = task.select("train", "bench")[0]
+    with_costs = ReferenceCosts(task_digest, cache=XlaCostCache(tmp_path))
+    try:
+        xla = with_costs.cost(task, case, case_spec(task, case), GEN)
+    finally:
+        with_costs.close()
+    ours = ReferenceCache().cost(task, case)
+    assert xla.while_loops >= 1 and ours.loop_iterations >= case.dims["T"]
+    c = Calibration(loop_iteration_s=1e-6)
+    assert price_reference(xla, ReferenceWork.of(ours), 1e9, GEN, c).time_s >= (
+        xla.optimal_s + case.dims["T"] * 1e-6)
+
+
+def test_every_verdict_past_lowering_carries_a_predicted_speedup(with_libtpu, evaluator):
+    import tasks
+    from tests.conftest import read_candidate
+
+    solution = tasks.get_task("softmax").solution_source()
+    v = evaluator.grade("softmax", solution, through="estimate")
+    p = v.predicted_speedup
+    assert p is not None and p["generation"] == "v5e" and p["label"] == "predicted, v5e, static"
+    bench = {c.name for c in tasks.get_task("softmax").select("train", "bench")}
+    assert set(p["cases"]) == bench
+    for case in p["cases"].values():
+        assert case["xla_method"] == "xla" and case["kernel_s"] > 0 and case["xla_s"] > 0
+        assert case["speedup"] == pytest.approx(case["xla_s"] / case["kernel_s"])
+    # A kernel refused at lowering has none: nothing past lowering was reached.
+    refused = evaluator.grade("matmul", read_candidate("lowering_error_block_7x100"))
+    assert refused.stage == "lowering" and refused.predicted_speedup is None
+
+
+def test_estimate_lists_every_attempt_of_a_suite_that_traces(with_libtpu, cli, tmp_path):
+    result = cli("estimate", "--suite", f"jaxbench:{SUITE}", "--attempts", "alpha", "--json",
+                 "--cache", str(tmp_path / "cache"), "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {r["candidate"] for r in rows} == {"alpha/jaxkernelbench_level1/23_Softmax.py",
+                                              "alpha/jaxkernelbench_level2/12_Gemm_Multiply_LeakyReLU.py"}
+    for r in rows:
+        assert r["generation"] == "v6e" and r["xla_method"] == "xla" and r["xla_ms"] > 0 and r["kernel_ms"] > 0
+        assert r["predicted_speedup"] == pytest.approx(r["xla_ms"] / r["kernel_ms"])
+    again = cli("estimate", "--suite", f"jaxbench:{SUITE}", "--attempts", "alpha", "--json",
+                "--cache", str(tmp_path / "cache"), "--workers", "1")
+    assert [json.loads(line) for line in again.stdout.splitlines()] == rows
+
+
+def test_a_kernel_that_fails_a_static_stage_after_tracing_is_still_predicted_for_estimate(with_libtpu):
+    """`estimate` lists every kernel that traces: a grader made with predict_failed predicts one
+    that a later static stage refuses (here a missing feature); the default grader does not."""
+    from evaluator.grader import Evaluator
+    from evaluator.stages import LAST_STATIC_STAGE
+    from tests.conftest import read_candidate
+
+    source = read_candidate("missing_feature_no_scalar_prefetch")
+    with Evaluator(workers=1, predict_failed=True) as ev:
+        v = ev.grade("grouped_matmul", source, through=LAST_STATIC_STAGE)
+    assert v.status == "missing_feature" and v.predicted_speedup["overall"] > 0
+
+
+def test_estimate_refuses_attempts_without_a_suite(cli):
+    result = cli("estimate", "--attempts", "alpha")
+    assert result.returncode == 2 and "--attempts needs --suite" in result.stderr
+
+
+def test_calibrate_refits_from_tpu_timings_and_the_model_reads_the_file(cli, tmp_path, monkeypatch):
+    """A TPU host's verdicts (timings + the prediction's inputs) refit the constants; the file
+    written is what the next prediction reads."""
+    import evaluator.performance.calibration as calib
+
+    inputs = CaseInputs([KernelWork(2e11, 0.0, 1e8, 4096)], 0.0, 0.0, 0.0, ReferenceWork(2e11, 0.0, 0), 1e8,
+                        XlaProgramCost(4e-4, 2e11, 1e8, 0.0))
+    truth = Calibration(grid_step_s=2e-6, xla_efficiency=0.5)
+    verdicts = []
+    for scale in (1, 2, 4, 8):
+        case_inputs = dataclasses.replace(inputs, kernels=[dataclasses.replace(inputs.kernels[0],
+                                                                              grid_steps=4096 * scale)])
+        p = predict_case(case_inputs, GEN, truth)
+        verdicts.append({"task": "t", "timings": {"c": {"kernel_s": [p.kernel_s] * 3, "reference_s": [p.xla_s] * 3}},
+                         "predicted_speedup": {"generation": "v6e", "cases": {"c": {
+                             "inputs": dataclasses.asdict(case_inputs)}}}})
+    timings = tmp_path / "tpu.jsonl"
+    timings.write_text("\n".join(json.dumps(v) for v in verdicts))
+    out = tmp_path / "calibration.json"
+    result = cli("calibrate", str(timings), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    monkeypatch.setenv(calib.ENV, str(out))
+    fitted = calib.load()
+    assert fitted.xla_efficiency == pytest.approx(0.5, rel=0.1) and "timed on v6e" in fitted.fitted_on
+    missing = cli("calibrate", str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 2 and "not found" in missing.stderr
