@@ -29,9 +29,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluator.performance import calibration as calib  # noqa: E402
-from evaluator.performance.fit import Agreement, Sample, agreement, fit  # noqa: E402
+from evaluator.performance.fit import Agreement, Sample, agreement, as_measured, fit  # noqa: E402
 from evaluator.performance.hardware import GENERATIONS  # noqa: E402
-from evaluator.performance.prediction import CaseInputs, predict_case  # noqa: E402
+from evaluator.performance.prediction import CaseInputs  # noqa: E402
 
 TUNING_MODEL, HELDOUT_MODEL = "gpt53", "gemini3"
 RUNS = Path("runs/perf-agreement")
@@ -62,14 +62,17 @@ def workload_samples(suite: Path, rows: list[dict[str, Any]], bf16: dict[str, Ca
     with open(suite / "benchmark" / "results.csv") as f:
         for r in csv.DictReader(f):
             if r["status"] == "success":
-                measured.setdefault(f"jaxbench/{r['workload']}", {})[r["variant"]] = float(r["median_ms"]) / 1e3
+                times = measured.setdefault(f"jaxbench/{r['workload']}", {})
+                times[r["variant"]] = float(r["median_ms"]) / 1e3
+                times["device"] = float(r["timing_method"] == "device_profiler")
     samples = []
     for row in rows:
         times, inputs = measured.get(row["task"]), bf16.get(row["task"]) or case_inputs(row)
         if not times or inputs is None:
             continue
         kernel_s = times.get("optimized") if row["task"] not in bf16 else None
-        samples.append(Sample(row["task"], "benchmark", inputs, kernel_s, times.get("baseline")))
+        samples.append(Sample(row["task"], "benchmark", inputs, kernel_s, times.get("baseline"),
+                              device_timed=bool(times["device"])))
     return samples
 
 
@@ -126,18 +129,30 @@ def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]]) -> list
 
 
 def figures(samples: list[Sample], c: calib.Calibration) -> dict[str, Any]:
-    kernel = [(predict_case(s.inputs, GEN, c), s) for s in samples if s.kernel_s]
-    xla = [(predict_case(s.inputs, GEN, c), s) for s in samples if s.xla_s]
+    predicted = [(as_measured(s, GEN, c), s) for s in samples]
+    kernel = [(p, s) for p, s in predicted if s.kernel_s]
+    xla = [(p, s) for p, s in predicted if s.xla_s]
     both = [(p, s) for p, s in kernel if s.xla_s]
     out: dict[str, Any] = {
-        "kernel": agreement([p.kernel_s for p, _ in kernel], [s.kernel_s for _, s in kernel]),
-        "xla": agreement([p.xla_s for p, _ in xla], [s.xla_s for _, s in xla]),
-        "speedup": agreement([p.speedup for p, _ in both], [s.xla_s / s.kernel_s for _, s in both])}
+        "kernel": agreement([p[0] for p, _ in kernel], [s.kernel_s for _, s in kernel]),
+        "xla": agreement([p[1] for p, _ in xla], [s.xla_s for _, s in xla]),
+        "speedup": agreement([p[2] for p, _ in both], [s.xla_s / s.kernel_s for _, s in both])}
     if both:
         faster = [s.xla_s > s.kernel_s for _, s in both]
-        out["sign_accuracy"] = sum((p.speedup > 1) == f for (p, _), f in zip(both, faster)) / len(both)
+        out["sign_accuracy"] = sum((p[2] > 1) == f for (p, _), f in zip(both, faster)) / len(both)
         out["base_rate"] = max(sum(faster), len(faster) - sum(faster)) / len(faster)
     return out
+
+
+def flop_check(samples: list[Sample]) -> str:
+    """Our FLOP count of each reference against XLA's where XLA sees all of it (no custom call,
+    no loop): a check of the counting both sides of the prediction rest on."""
+    whole = {(i.xla.flops, i.xla.bytes_accessed, i.reference.flops): i for i in (s.inputs for s in samples)
+             if i.xla is not None and not i.xla.custom_calls and not i.xla.while_loops and i.reference.flops > 0}
+    seen = list(whole.values())  # each reference once, however many kernels faced it
+    close = sum(1 for i in seen if abs(i.xla.flops / i.reference.flops - 1) <= 0.1)
+    return (f"our FLOP count of the reference within 10% of XLA's for {close} of {len(seen)} references "
+            "XLA sees whole (no custom call, no loop)")
 
 
 def table(sets: dict[str, list[Sample]], before: calib.Calibration, after: calib.Calibration) -> str:
@@ -167,12 +182,12 @@ def plot(sets: dict[str, list[Sample]], c: calib.Calibration, path: Path) -> Non
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
     for name, samples in sets.items():
-        preds = [(predict_case(s.inputs, GEN, c), s) for s in samples]
+        preds = [(as_measured(s, GEN, c), s) for s in samples]
         xs = [s.xla_s * 1e3 for _, s in preds if s.xla_s] + [s.kernel_s * 1e3 for _, s in preds if s.kernel_s]
-        ys = [p.xla_s * 1e3 for p, s in preds if s.xla_s] + [p.kernel_s * 1e3 for p, s in preds if s.kernel_s]
+        ys = [p[1] * 1e3 for p, s in preds if s.xla_s] + [p[0] * 1e3 for p, s in preds if s.kernel_s]
         axes[0].scatter(xs, ys, s=12, alpha=0.7, label=name)
         both = [(p, s) for p, s in preds if s.xla_s and s.kernel_s]
-        axes[1].scatter([s.xla_s / s.kernel_s for _, s in both], [p.speedup for p, _ in both], s=12, alpha=0.7,
+        axes[1].scatter([s.xla_s / s.kernel_s for _, s in both], [p[2] for p, _ in both], s=12, alpha=0.7,
                         label=name)
     for ax, what in zip(axes, ("time (ms): XLA references and kernels", "speedup over XLA")):
         ax.set_xscale("log")
@@ -217,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         sets[f"{HELDOUT_MODEL} kernels (held out)"] = attempt_samples(
             args.suite, HELDOUT_MODEL, estimate_rows(args.suite, HELDOUT_MODEL, args.workers))
     print(table(sets, before, after))
+    print("\n" + flop_check([s for samples in sets.values() for s in samples]))
     if args.plot:
         plot(sets, after, args.plot)
     if args.json:

@@ -9,15 +9,16 @@ whatever the static stages said of it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from cli.options import (UsageError, add_suite_option, console, generation_for, open_resolver, read_candidate,
-                         resolve_tasks)
+from cli.options import UsageError, add_suite_option, console, open_resolver, read_candidate, resolve_tasks
 from evaluator.performance.hardware import GENERATIONS, MiB
 
 DEFAULT_CACHE = Path("runs/estimate/cache")
@@ -38,6 +39,7 @@ def add_parser(sub) -> None:
                         "all models when none is named) instead of its solutions")
     e.add_argument("--cache", metavar="DIR", type=Path, default=DEFAULT_CACHE,
                    help=f"verdict cache: a rerun reads what it estimated before (default {DEFAULT_CACHE})")
+    e.add_argument("--no-cache", action="store_true", help="estimate everything again, keep nothing")
     e.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     e.add_argument("--json", action="store_true", help="print one JSON line per (task, candidate, generation)")
     add_suite_option(e)
@@ -48,12 +50,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.attempts is not None and not args.suite:
         raise UsageError("--attempts needs --suite jaxbench:PATH")
     with open_resolver(args.suite) as resolver:
-        suite = resolve_tasks(resolver, args.task)
-        if args.candidate and len(suite) != 1:
-            raise UsageError("--candidate needs exactly one --task")
-        candidates = _candidates(args, resolver, suite)
-        generations = args.tpu or ([generation_for(None, suite)] if args.suite else ["v5e", "v6e"])
-        rows = [row for gen in generations for row in _estimate(args, candidates, gen)]
+        if args.suite:
+            from suites.jaxbench import TUNED_FOR
+
+            if args.candidate:
+                raise UsageError("--candidate is for our tasks; a suite's candidates are its files (--attempts)")
+            generations = args.tpu or [TUNED_FOR]
+            rows = [row for gen in generations for row in _estimate_suite(args, resolver.suites[0], gen)]
+        else:
+            suite = resolve_tasks(resolver, args.task)
+            if args.candidate and len(suite) != 1:
+                raise UsageError("--candidate needs exactly one --task")
+            candidates = [(t, str(args.candidate) if args.candidate else "solution",
+                           read_candidate(args.candidate) if args.candidate else t.solution_source()) for t in suite]
+            generations = args.tpu or ["v5e", "v6e"]
+            rows = [row for gen in generations for row in _estimate(args, candidates, gen)]
     if args.json:
         for row in rows:
             print(json.dumps(row))
@@ -65,22 +76,76 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _candidates(args: argparse.Namespace, resolver: Any, suite: list) -> list[tuple[Any, str, str]]:
-    """(task, candidate label, answer) to estimate."""
-    if args.attempts is None:
-        return [(t, str(args.candidate) if args.candidate else "solution",
-                 read_candidate(args.candidate) if args.candidate else t.solution_source()) for t in suite]
-    from suites import attempts as att
+def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict]:
+    """A peer suite's solutions or attempts. Each row is kept under --cache, keyed by the entry's
+    file and adapter, the candidate, the grader and the settings: a rerun builds only the tasks
+    of what is new (building a task runs their code, the slow part of a listing)."""
+    from evaluator.digest import evaluator_digest
+    from evaluator.performance import calibration
+    from suites import LoadError, attempts as att, listing
 
-    root = resolver.suites[0].root
-    available = att.models(root)
-    unknown = [m for m in args.attempts if m not in available]
-    if unknown or not available:
-        raise UsageError(f"no generated kernels of {', '.join(unknown) or 'any model'} under "
-                         f"{root / att.GENERATED} (models: {', '.join(available) or 'none'})")
-    by_name = {t.name: t for t in suite}
-    return [(by_name[a.task], a.key, a.text()) for a in att.discover(root, args.attempts or available)
-            if a.task in by_name]
+    names = args.task or suite.names()
+    unknown = [n for n in names if n not in suite.entries]
+    if unknown:
+        raise UsageError(f"not in the suite at {suite.root}: {', '.join(unknown)}")
+    if args.attempts is None:
+        wanted = [(n, "solution", (suite.entries[n].optimized or suite.entries[n].path).read_text()) for n in names]
+    else:
+        available = att.models(suite.root)
+        missing = [m for m in args.attempts if m not in available]
+        if missing or not available:
+            raise UsageError(f"no generated kernels of {', '.join(missing) or 'any model'} under "
+                             f"{suite.root / att.GENERATED} (models: {', '.join(available) or 'none'})")
+        wanted = [(a.task, a.key, a.text()) for a in att.discover(suite.root, args.attempts or available)
+                  if a.task in names]
+    settings = [evaluator_digest(), gen, args.split, calibration.load().to_dict()]
+    store = None if args.no_cache else RowStore(args.cache / "rows")
+    rows: dict[int, dict] = {}
+    todo: list[tuple[int, Any, str, str, str]] = []
+    for i, (name, label, text) in enumerate(wanted):
+        entry = suite.entries[name]
+        record = listing.lookup(entry)
+        if record is not None and not record.loaded:
+            continue  # cannot become a task: said when it was built (`tasks --suite` lists why)
+        key = RowStore.key(listing.entry_key(entry), label, text, settings)
+        if store is not None and (row := store.get(key)) is not None:
+            rows[i] = row
+            continue
+        try:
+            task = suite.task(name)
+        except LoadError as exc:
+            print(f"not loaded: {name}: {exc}", file=sys.stderr)
+            continue
+        todo.append((i, task, label, text, key))
+    estimated = _estimate(args, [(task, label, text) for _, task, label, text, _ in todo], gen)
+    for (i, _, _, _, key), row in zip(todo, estimated):
+        rows[i] = row
+        if store is not None:
+            store.put(key, row)
+    return [rows[i] for i in sorted(rows)]
+
+
+class RowStore:
+    """`estimate --suite` rows by key, one JSON file each (written whole, then renamed)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    @staticmethod
+    def key(*parts: Any) -> str:
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+    def get(self, key: str) -> dict | None:
+        try:
+            return json.loads((self.folder / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, row: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{key}.tmp"
+        tmp.write_text(json.dumps(row))
+        tmp.replace(self.folder / f"{key}.json")
 
 
 def _estimate(args: argparse.Namespace, candidates: list[tuple[Any, str, str]], gen: str) -> list[dict]:
@@ -90,8 +155,11 @@ def _estimate(args: argparse.Namespace, candidates: list[tuple[Any, str, str]], 
     from evaluator.grader import Evaluator, Job
     from evaluator.stages import LAST_STATIC_STAGE
 
+    if not candidates:
+        return []
     jobs = [Job(task, answer, args.split, seed=0, through=LAST_STATIC_STAGE) for task, _, answer in candidates]
-    with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=gen, cache=args.cache,
+    with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=gen,
+                   cache=None if args.no_cache else args.cache,
                    predict_failed=True) as ev, Progress(console=Console(stderr=True), transient=True) as bar:
         todo = bar.add_task(f"estimating {len(jobs)} candidates for {gen}", total=len(jobs))
         verdicts = ev.grade_many(jobs, on_done=lambda v: bar.advance(todo))

@@ -125,6 +125,22 @@ def cli(capsys):
 
 
 SUITE_CACHE_ENV = "PALLAS_KERNEL_GYM_SUITE_CACHE"  # suites.listing.CACHE_ENV (not imported here: jax)
+XLA_COSTS_ENV = "PALLAS_KERNEL_GYM_XLA_COSTS"  # evaluator.performance.xla_cost.XlaCostCache's folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def xla_cost_cache(tmp_path_factory):
+    """Compiled reference costs (evaluator/performance/xla_cost.py) go to a folder of this test
+    run, shared by its xdist workers (the entries are content-keyed), never the user's ~/.cache."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "xla-costs"
+    before = os.environ.get(XLA_COSTS_ENV)
+    os.environ[XLA_COSTS_ENV] = str(folder)
+    yield
+    if before is None:
+        os.environ.pop(XLA_COSTS_ENV, None)
+    else:
+        os.environ[XLA_COSTS_ENV] = before
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from evaluator.analysis import intervals, traffic as traffic_analysis, trip_origin
+from evaluator.analysis.glue_fusion import fused_glue_bytes
 from evaluator.analysis.grid_checks import GridFinding, argument_regions, check_grid
 from evaluator.analysis.grid_conds import branches_taken
 from evaluator.analysis.intermediates import Intermediate, OutsideMath, analyze as analyze_intermediates
@@ -126,6 +127,9 @@ class TraceSummary:
     intermediates: list[Intermediate] = field(default_factory=list)
     outside_math: list[OutsideMath] = field(default_factory=list)
     parameter_eqns: int = 0  # equations on parameters alone, left out of `outside`
+    # The glue's bytes once XLA has fused it (evaluator/analysis/glue_fusion.py): what the speed
+    # prediction prices where it is less than `outside`'s op-by-op count.
+    glue_fused_bytes: float = 0.0
 
     @property
     def kernel_flops(self) -> float:
@@ -160,7 +164,8 @@ def summarize(closed_jaxpr: Any, traffic: bool = False,
     for (eqn, _), info in zip(calls, infos):
         info.grid_findings, info.grid_unchecked = check_grid(eqn, arguments)
     flow = analyze_intermediates(closed_jaxpr.jaxpr, bounds.loop_trips, _kernel_name)
-    return TraceSummary(infos, cost, outs, flow.intermediates, flow.outside_math, folded)
+    return TraceSummary(infos, cost, outs, flow.intermediates, flow.outside_math, folded,
+                        fused_glue_bytes(outside_jaxpr))
 
 
 def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,

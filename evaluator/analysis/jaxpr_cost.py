@@ -225,7 +225,7 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
                 for j in sub:
                     _walk(j, inner_mult, cost, count_heavy, trips, on_pallas_call, reach)
             continue
-        if not _is_free(eqn):
+        if not is_free(eqn):
             nbytes = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
             cost.bytes_accessed += mult * nbytes
         if name in HEAVY_PRIMITIVES:
@@ -272,7 +272,7 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
         into.data_dependent_trips |= c.data_dependent_trips
 
 
-def _is_free(eqn: Any) -> bool:
+def is_free(eqn: Any) -> bool:
     """Ops XLA turns into nothing: reshapes, and pads/slices/casts that change nothing."""
     if eqn.primitive.name in ("reshape", "squeeze", "expand_dims"):
         return True

@@ -61,7 +61,7 @@ class PerfEstimate:
     floor_time_s: float = 0.0
     grid_steps: int = 0  # over all kernels and their runs, each costing GRID_STEP_S
     # The glue outside kernels, as the speed prediction prices it (evaluator/performance/prediction.py):
-    # its FLOPs with the matmuls and convolutions left to XLA, and the bytes its ops touch.
+    # its FLOPs with the matmuls and convolutions left to XLA, and its bytes once XLA fused it.
     glue_flops: float = 0.0
     glue_f32_matmul_flops: float = 0.0
     glue_bytes: float = 0.0
@@ -128,7 +128,7 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
         floor_time_s=roofline(reference.flops * necessary_flops_share, ideal_bytes, gen),
         grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)),
         glue_flops=outside.flops + outside.heavy_flops, glue_f32_matmul_flops=outside.f32_matmul_flops,
-        glue_bytes=glue_bytes)
+        glue_bytes=min(glue_bytes, summary.glue_fused_bytes))
 
 
 def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration,

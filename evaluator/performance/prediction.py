@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evaluator.analysis.jaxpr_cost import Cost
-from evaluator.performance.calibration import Calibration
+from evaluator.performance.calibration import MIN_CALL_S, Calibration
 from evaluator.performance.hardware import TpuGeneration
 from evaluator.performance.perf_model import PerfEstimate, compute_time
 from evaluator.performance.xla_cost import ReferenceWork, XlaProgramCost, price_reference
@@ -65,7 +65,7 @@ class CasePrediction:
     kernel_s: float
     xla_s: float
     speedup: float  # xla_s / kernel_s
-    bound: str      # what dominates the kernel's time: compute, memory, step overhead, dispatch floor
+    bound: str      # what dominates the kernel's time: compute, memory, step overhead, dispatch
     xla_method: str  # "xla" or "model" (xla_cost.ReferenceTime.method)
     notes: list[str] = field(default_factory=list)
     inputs: CaseInputs | None = None
@@ -84,7 +84,8 @@ class PredictedSpeedup:
 
 def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration) -> tuple[float, str]:
     """(seconds, bound) of a candidate's program at one case: each kernel a roofline at the
-    calibrated rates plus its grid steps, the glue a roofline, one after another."""
+    calibrated rates plus its grid steps, the glue a roofline, one after another, and the
+    host's cost of the call."""
     bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
     parts = {"compute": 0.0, "memory": 0.0, "step overhead": 0.0}
     total = 0.0
@@ -102,9 +103,8 @@ def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration
     parts["compute"] += glue_compute
     parts["memory"] += glue_memory
     total += max(glue_compute, glue_memory)
-    if total < calibration.floor_s:
-        return calibration.floor_s, "dispatch floor"
-    return total, max(parts, key=parts.__getitem__)
+    parts["dispatch"] = calibration.dispatch_s
+    return max(total, MIN_CALL_S) + calibration.dispatch_s, max(parts, key=parts.__getitem__)
 
 
 def predict_case(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration) -> CasePrediction:

@@ -4,10 +4,12 @@
 - `optimal_seconds` is a sum of per-instruction rooflines; custom calls count zero (a Pallas
   kernel, XLA's own online-softmax that attention references become). Their operand and result
   bytes, and the FLOPs our count of the reference has beyond XLA's, are priced by our model.
+- Dots are priced at the bf16 peak whatever their operands: f32 matmuls get the f32 rate's extra time.
 - Loop bodies count once: the FLOPs of the other iterations are in that same FLOP gap, and each
   iteration costs a fixed overhead (a calibrated constant).
-- Some programs come out at zero or below (MLA attention): such a value is flagged, never used;
-  our model's time of the reference stands in.
+- Some programs come out at zero or below (MLA attention): such a time is flagged, never used;
+  XLA's FLOP and byte counts under our roofline stand in. Without any XLA figure (no libtpu, a
+  failed compile) our model's time of the reference does.
 
 `read_compiled` runs in the worker (evaluator/execution/handlers.py); the rest on the host.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.analysis.jaxpr_cost import Cost
-from evaluator.performance.calibration import Calibration
+from evaluator.performance.calibration import MIN_CALL_S, Calibration
 from evaluator.performance.hardware import TpuGeneration
 from evaluator.performance.perf_model import compute_time
 
@@ -111,28 +113,38 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
     reference computes (evaluator/truth/reference.py), `ideal_bytes` its inputs and outputs
     once. Without a usable XLA figure (`unavailable` says why) our roofline of the reference."""
     notes: list[str] = []
-    if xla is not None and not (math.isfinite(xla.optimal_s) and xla.optimal_s > 0):
-        unavailable = f"XLA's cost model gave {xla.optimal_s:.3g} s, not physical: not used"
-        xla = None
+    bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
     loops_s = ours.loop_iterations * calibration.loop_iteration_s
     if xla is None:
         seconds = max(compute_time(ours.flops, ours.f32_matmul_flops, gen, calibration.f32_matmul_share),
-                      ideal_bytes / (gen.hbm_bytes_per_s * calibration.hbm_efficiency))
-        return ReferenceTime(max(seconds + loops_s, calibration.floor_s), "model",
+                      ideal_bytes / bandwidth)
+        return ReferenceTime(max(seconds + loops_s, MIN_CALL_S) + calibration.dispatch_s, "model",
                              [unavailable] if unavailable else [])
-    seconds = xla.optimal_s / calibration.xla_efficiency
+    if math.isfinite(xla.optimal_s) and xla.optimal_s > 0:
+        seconds = xla.optimal_s / calibration.xla_efficiency
+    else:  # never used: XLA's own FLOP and byte counts under our roofline stand in
+        seconds = max(xla.flops / gen.bf16_flops_per_s, xla.bytes_accessed / bandwidth) / calibration.xla_efficiency
+        notes.append(f"XLA's cost model gave {xla.optimal_s:.3g} s, not physical: not used; its FLOP and byte "
+                     "counts priced by our roofline instead")
+    if ours.f32_matmul_flops:
+        # XLA prices every dot at the bf16 peak; a chip runs f32 operands at the f32 share of it.
+        seconds += ours.f32_matmul_flops / gen.bf16_flops_per_s * (1 / calibration.f32_matmul_share - 1)
+        notes.append(f"{ours.f32_matmul_flops / 1e9:.3g} GFLOP of f32 matmuls at the f32 rate, not XLA's bf16 peak")
     gap_flops = ours.flops - xla.flops
     gap_s = 0.0
     if gap_flops > FLOP_GAP_SHARE * ours.flops:
-        gap_s = gap_flops / gen.bf16_flops_per_s  # at the peak, as XLA prices what it sees
+        # Work in custom calls (a Mosaic kernel like ours: priced as our kernels are) or in the
+        # iterations of loop bodies XLA counted once.
+        gap_s = gap_flops / (gen.bf16_flops_per_s * calibration.compute_efficiency)
         notes.append(f"{gap_flops / 1e9:.3g} GFLOP XLA's model did not price (custom calls, loop bodies "
                      "counted once): priced by ours")
-    call_s = xla.custom_call_bytes / (gen.hbm_bytes_per_s * calibration.hbm_efficiency)
+    call_s = xla.custom_call_bytes / bandwidth
     if xla.custom_calls:
         notes.append(f"custom calls {sorted(set(xla.custom_calls))} priced by their bytes")
     if loops_s:
         notes.append(f"{ours.loop_iterations:,.0f} loop iterations at {calibration.loop_iteration_s * 1e6:.2g} us")
-    return ReferenceTime(max(seconds + max(gap_s, call_s) + loops_s, calibration.floor_s), "xla", notes)
+    return ReferenceTime(max(seconds + max(gap_s, call_s) + loops_s, MIN_CALL_S) + calibration.dispatch_s, "xla",
+                         notes)
 
 
 @dataclass
