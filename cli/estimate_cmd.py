@@ -79,9 +79,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict]:
     """A peer suite's solutions or attempts. Each row is kept under --cache, keyed by the entry's
     file and adapter, the candidate, the grader and the settings: a rerun builds only the tasks
-    of what is new (building a task runs their code, the slow part of a listing)."""
+    of what is new (building a task runs their code, the slow part of a listing) and prices
+    the rest again."""
     from evaluator.digest import evaluator_digest
-    from evaluator.performance import calibration
     from suites import LoadError, attempts as att, listing
 
     names = args.task or suite.names()
@@ -98,7 +98,7 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
                              f"{suite.root / att.GENERATED} (models: {', '.join(available) or 'none'})")
         wanted = [(a.task, a.key, a.text()) for a in att.discover(suite.root, args.attempts or available)
                   if a.task in names]
-    settings = [evaluator_digest(), gen, args.split, calibration.load().to_dict()]
+    settings = [evaluator_digest(), gen, args.split]  # not the constants: a kept row is priced again
     store = None if args.no_cache else RowStore(args.cache / "rows")
     rows: dict[int, dict] = {}
     todo: list[tuple[int, Any, str, str, str]] = []
@@ -109,7 +109,7 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
             continue  # cannot become a task: said when it was built (`tasks --suite` lists why)
         key = RowStore.key(listing.entry_key(entry), label, text, settings)
         if store is not None and (row := store.get(key)) is not None:
-            rows[i] = row
+            rows[i] = priced(row)
             continue
         try:
             task = suite.task(name)
@@ -163,7 +163,7 @@ def _estimate(args: argparse.Namespace, candidates: list[tuple[Any, str, str]], 
                    predict_failed=True) as ev, Progress(console=Console(stderr=True), transient=True) as bar:
         todo = bar.add_task(f"estimating {len(jobs)} candidates for {gen}", total=len(jobs))
         verdicts = ev.grade_many(jobs, on_done=lambda v: bar.advance(todo))
-    return [prediction_row(v, label) for v, (_, label, _) in zip(verdicts, candidates)]
+    return [priced(prediction_row(v, label)) for v, (_, label, _) in zip(verdicts, candidates)]
 
 
 def prediction_row(v: Any, candidate: str) -> dict[str, Any]:
@@ -172,13 +172,8 @@ def prediction_row(v: Any, candidate: str) -> dict[str, Any]:
     row: dict[str, Any] = {"task": v.task, "candidate": candidate, "generation": v.details.get("tpu_generation"),
                            "static_stages": "passed" if passed else v.status, "stage": v.stage,
                            "message": "" if passed else v.message}
-    p = v.predicted_speedup
-    if p is not None:
-        first = next(iter(p["cases"].values()))
-        row.update(kernel_ms=first["kernel_s"] * 1e3, xla_ms=first["xla_s"] * 1e3, predicted_speedup=p["overall"],
-                   bound=first["bound"], xla_method=first["xla_method"], notes=first["notes"],
-                   cases={name: {k: c[k] for k in ("kernel_s", "xla_s", "speedup", "bound", "inputs")}
-                          for name, c in p["cases"].items()})
+    if v.predicted_speedup is not None:
+        row["cases"] = {name: {"inputs": c["inputs"]} for name, c in v.predicted_speedup["cases"].items()}
     worst = max((v.details.get("perf_model") or {}).items(), key=lambda item: item[1]["slowdown_vs_ideal"],
                 default=None)
     if worst is not None:
@@ -187,6 +182,26 @@ def prediction_row(v: Any, candidate: str) -> dict[str, Any]:
                    hbm_mib=est["hbm_bytes"] / MiB, ideal_mib=est["ideal_bytes"] / MiB,
                    grid_steps=est["grid_steps"])
     return row
+
+
+def priced(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its predictions computed from their inputs by the constants in use: rows
+    kept from an earlier run follow a refit (`calibrate`) without grading again."""
+    from evaluator.performance import calibration, prediction
+    from evaluator.performance.hardware import GENERATIONS
+
+    if not row.get("cases"):
+        return row
+    gen, constants = GENERATIONS[row["generation"]], calibration.load()
+    cases = {name: prediction.predict_case(prediction.CaseInputs.from_dict(c["inputs"]), gen, constants)
+             for name, c in row["cases"].items()}
+    first = next(iter(cases.values()))
+    overall = prediction.overall(cases, gen)
+    return {**row, "kernel_ms": first.kernel_s * 1e3, "xla_ms": first.xla_s * 1e3,
+            "predicted_speedup": overall.overall, "bound": first.bound, "xla_method": first.xla_method,
+            "notes": first.notes, "cases": {name: {"kernel_s": c.kernel_s, "xla_s": c.xla_s, "speedup": c.speedup,
+                                                   "bound": c.bound, "inputs": row["cases"][name]["inputs"]}
+                                            for name, c in cases.items()}}
 
 
 def _print_suite(rows: list[dict]) -> None:
