@@ -11,8 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from cli.options import (UsageError, add_common_options, console, make_evaluator, open_resolver, open_suite_option,
-                         resolve_tasks)
+from cli.options import (UsageError, add_common_options, console, make_evaluator, model_attempts, open_resolver,
+                         open_suite_option, resolve_tasks)
 from evaluator.performance.hardware import GENERATIONS
 from evaluator.record import Verdict
 
@@ -139,12 +139,7 @@ def _check_attempts(args: argparse.Namespace) -> int:
     from suites.jaxbench import TUNED_FOR
 
     with open_suite_option(args.suite) as imported:
-        available = att.models(imported.root)
-        unknown = [m for m in args.attempts if m not in available]
-        if unknown or not available:
-            raise UsageError(f"no generated kernels of {', '.join(unknown) or 'any model'} under "
-                             f"{imported.root / att.GENERATED} (models: {', '.join(available) or 'none'})")
-        attempts = att.discover(imported.root, args.attempts or available)
+        attempts = model_attempts(imported.root, args.attempts)
         if args.task:
             missing = sorted(set(args.task) - {a.task for a in attempts})
             if missing:

@@ -18,7 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cli.options import UsageError, add_suite_option, console, open_resolver, read_candidate, resolve_tasks
+from cli.options import (UsageError, add_suite_option, console, model_attempts, open_resolver, read_candidate,
+                         resolve_tasks)
 from evaluator.performance.hardware import GENERATIONS, MiB
 
 DEFAULT_CACHE = Path("runs/estimate/cache")
@@ -82,7 +83,7 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
     of what is new (building a task runs their code, the slow part of a listing) and prices
     the rest again."""
     from evaluator.digest import evaluator_digest
-    from suites import LoadError, attempts as att, listing
+    from suites import LoadError, listing
 
     names = args.task or suite.names()
     unknown = [n for n in names if n not in suite.entries]
@@ -91,13 +92,7 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
     if args.attempts is None:
         wanted = [(n, "solution", (suite.entries[n].optimized or suite.entries[n].path).read_text()) for n in names]
     else:
-        available = att.models(suite.root)
-        missing = [m for m in args.attempts if m not in available]
-        if missing or not available:
-            raise UsageError(f"no generated kernels of {', '.join(missing) or 'any model'} under "
-                             f"{suite.root / att.GENERATED} (models: {', '.join(available) or 'none'})")
-        wanted = [(a.task, a.key, a.text()) for a in att.discover(suite.root, args.attempts or available)
-                  if a.task in names]
+        wanted = [(a.task, a.key, a.text()) for a in model_attempts(suite.root, args.attempts) if a.task in names]
     settings = [evaluator_digest(), gen, args.split]  # not the constants: a kept row is priced again
     store = None if args.no_cache else RowStore(args.cache / "rows")
     rows: dict[int, dict] = {}

@@ -147,6 +147,19 @@ def make_evaluator(args: argparse.Namespace, workers: int = 1, selected: list = 
         raise UsageError(str(exc)) from None
 
 
+def model_attempts(root: Path, wanted: list[str]) -> list:
+    """The generated kernels of the `wanted` models (all when empty) of a JAXBench checkout
+    (suites/attempts.py); a model without any is a UsageError."""
+    from suites import attempts as att
+
+    available = att.models(root)
+    unknown = [m for m in wanted if m not in available]
+    if unknown or not available:
+        raise UsageError(f"no generated kernels of {', '.join(unknown) or 'any model'} under "
+                         f"{root / att.GENERATED} (models: {', '.join(available) or 'none'})")
+    return att.discover(root, wanted or available)
+
+
 def read_candidate(name: str) -> str:
     """The text of a candidate file (a .py file or a model answer)."""
     path = Path(name)
