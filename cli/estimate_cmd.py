@@ -43,6 +43,10 @@ def add_parser(sub) -> None:
     e.add_argument("--no-cache", action="store_true", help="estimate everything again, keep nothing")
     e.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     e.add_argument("--json", action="store_true", help="print one JSON line per (task, candidate, generation)")
+    e.add_argument("--ship-xla-costs", action="store_true",
+                   help="compile the reference of every task of ours at every bench case (both splits) for "
+                        "the generations and write what XLA's cost model says to tasks/xla_costs.json, "
+                        "which a fresh clone reads instead of compiling")
     add_suite_option(e)
     e.set_defaults(func=cmd_estimate)
 
@@ -50,6 +54,10 @@ def add_parser(sub) -> None:
 def cmd_estimate(args: argparse.Namespace) -> int:
     if args.attempts is not None and not args.suite:
         raise UsageError("--attempts needs --suite jaxbench:PATH")
+    if args.ship_xla_costs:
+        if args.suite or args.task or args.candidate:
+            raise UsageError("--ship-xla-costs covers every task of ours: no --suite, --task or --candidate")
+        return ship_xla_costs(args.tpu or ["v5e", "v6e"], max(1, args.workers))
     with open_resolver(args.suite) as resolver:
         if args.suite:
             from suites.jaxbench import TUNED_FOR
@@ -118,6 +126,45 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
         if store is not None:
             store.put(key, row)
     return [rows[i] for i in sorted(rows)]
+
+
+# Shipping compiles each reference once, offline: it waits longer than a grading does (a decoder
+# layer's reference compiles in 2-5 minutes on 2 busy cores), and retries what a grading gave up on.
+SHIP_COMPILE_S = 900.0
+
+
+def ship_xla_costs(generations: list[str], workers: int) -> int:
+    """Compile (or read from the cache) each of our references at each bench case for each
+    generation, and write the entries to the file every ReferenceCosts reads below its cache."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rich.progress import Progress
+
+    import tasks
+    from evaluator.digest import task_digest
+    from evaluator.stages import case_spec
+    from evaluator.truth.xla_reference import NO_LIBTPU, SHIPPED_XLA_COSTS, ReferenceCosts
+
+    costs = ReferenceCosts(task_digest, workers=workers, compile_s=SHIP_COMPILE_S, retry_errors=True)
+    if costs.libtpu is None:
+        raise UsageError(NO_LIBTPU)
+    wanted = [(task, case, case_spec(task, case), GENERATIONS[gen]) for task in tasks.all_tasks()
+              for case in task.select("all", "bench") for gen in generations]
+    try:
+        with ThreadPoolExecutor(workers) as pool, Progress(console=Console(stderr=True), transient=True) as bar:
+            todo = bar.add_task(f"compiling {len(wanted)} references", total=len(wanted))
+
+            def one(item: tuple) -> tuple[str, dict]:
+                value = costs.cost(*item)
+                bar.advance(todo)
+                return costs.key(item[0], item[2], item[3]), costs.cache.entry(value)
+            entries = dict(sorted(pool.map(one, wanted)))
+    finally:
+        costs.close()
+    SHIPPED_XLA_COSTS.write_text(json.dumps(entries, indent=0) + "\n")
+    failed = sum("error" in e for e in entries.values())
+    console.print(f"wrote {len(entries)} compiled costs ({failed} compile errors) to {SHIPPED_XLA_COSTS}")
+    return 0
 
 
 class RowStore:

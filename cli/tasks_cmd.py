@@ -90,20 +90,20 @@ def _list_tasks(args: argparse.Namespace, suite: list) -> int:
         print(json.dumps([t.summary() for t in suite], indent=2))
         return 0
     if args.markdown:
-        print("| task | level | computes | signature | required features | held-out task |")
-        print("|---|---|---|---|---|---|")
+        print("| task | level | computes | signature | required features | shapes from | held-out task |")
+        print("|---|---|---|---|---|---|---|")
         for t in suite:
             print(f"| `{t.name}` | {t.level} | {t.description} | `{t.signature}` | "
-                  f"{', '.join(f'`{f}`' for f in t.required_features) or '-'} | "
+                  f"{', '.join(f'`{f}`' for f in t.required_features) or '-'} | {t.shapes_from or '-'} | "
                   f"{'yes' if t.heldout_task else '-'} |")
         return 0
     table = Table(title=f"{len(suite)} tasks")
-    for col in ("task", "level", "signature", "dtypes", "features", "cases (train/heldout)"):
+    for col in ("task", "level", "signature", "dtypes", "features", "shapes from", "cases (train/heldout)"):
         table.add_column(col)
     for t in suite:
         s = t.summary()["cases"]
         table.add_row(t.name, str(t.level), escape(t.signature), ", ".join(t.dtypes),
-                      ", ".join(t.required_features) or "-",
+                      ", ".join(t.required_features) or "-", t.shapes_from or "-",
                       f"{s['train/check']}+{s['train/bench']} / {s['heldout/check']}+{s['heldout/bench']}")
     console.print(table)
     console.print("cases: check-size + bench-size; check sizes run, bench sizes are traced and lowered.")

@@ -7,6 +7,7 @@ touching the evaluator.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, Sequence
@@ -24,7 +25,11 @@ KNOWN_FEATURES: tuple[str, ...] = (
     "vmem_scratch",    # a scratch buffer in VMEM (e.g. an f32 accumulator)
     "scalar_prefetch", # indices/metadata prefetched to SMEM and used by index maps
     "parallel_grid",   # at least one grid axis marked "parallel" (megacore sharding)
+    "input_output_aliases",  # an output written in place over a large input's buffer
 )
+
+# The line of a task.py docstring that names the models its shapes come from (Task.shapes_from).
+SHAPES_FROM = "Shapes from:"
 
 
 @dataclass(frozen=True)
@@ -309,6 +314,17 @@ class Task:
     def solution_source(self) -> str:
         return self.solution_path.read_text()
 
+    @property
+    def shapes_from(self) -> str:
+        """The models whose configs the task's shapes come from: the `Shapes from:` line that ends
+        task.py's docstring, where the configs are cited ('' without one, or for imported tasks)."""
+        folder = self.solution_path.parent
+        if self.external is not None or not (folder / "task.py").is_file():
+            return ""
+        doc = importlib.import_module(f"tasks.{folder.name}.task").__doc__ or ""
+        found = [line for line in doc.splitlines() if line.startswith(SHAPES_FROM)]
+        return found[-1].removeprefix(SHAPES_FROM).strip().rstrip(".") if found else ""
+
     def is_ragged(self, case: Case) -> bool:
         """Whether the case's main operand or output is off the TPU's (8, 128) tile: a last dim
         not a multiple of 128 or a second-to-last not a multiple of 8. Such cases are the ones
@@ -331,6 +347,7 @@ class Task:
             "dtypes": self.dtypes,
             "required_features": list(self.required_features),
             "heldout_task": self.heldout_task,
+            "shapes_from": self.shapes_from,
             "cases": {
                 f"{split}/{size}": len(self.select(split, size)) for split in SPLITS for size in SIZES
             },

@@ -5,8 +5,9 @@ import datasets
 from data_gen.rows.dataset import balance, dedupe, round_robin, validation_tasks, write_dataset
 
 
-def row(task: str, error_class: str, origin: str, code: str) -> dict:
-    return {"id": f"{task}-{origin}-{code}", "task": task, "case_split": "train", "error_class": error_class,
+def row(task: str, error_class: str, origin: str, code: str, level: int = 1) -> dict:
+    return {"id": f"{task}-{origin}-{code}", "task": task, "level": level, "case_split": "train",
+            "error_class": error_class,
             "failure_kind": {"lowering_error": "block_alignment", "wrong_output": "wrong_values"}.get(error_class, ""),
             "origin": origin, "source": "mutation", "context": "none", "failing_code": code,
             "repair_code": "def kernel(x):\n    return x\n",
@@ -45,3 +46,12 @@ def test_a_rewritten_folder_loads_the_new_rows(tmp_path):
         rows = [row("matmul", "wrong_output", "op", f"x = {i}") for i in range(n)]
         write_dataset(rows, folder, "fixit", validation_fraction=0, description="test")
         assert len(datasets.load_dataset(str(folder))["train"]) == n
+
+
+def test_the_card_counts_pairs_per_level_and_per_task(tmp_path):
+    rows = [row("matmul", "wrong_output", "op", f"x = {i}") for i in range(3)]
+    rows += [row("softmax", "wrong_output", "op", "y = 1"), row("paged_attention", "wrong_output", "op", "z = 1", 3)]
+    write_dataset(rows, tmp_path / "fixit", "fixit", validation_fraction=0, description="test")
+    tasks = (tmp_path / "fixit" / "README.md").read_text().split("\n## Tasks\n", 1)[1]
+    assert "| 1 | 2 | 4 |" in tasks and "| 3 | 1 | 1 |" in tasks  # level, tasks, pairs
+    assert "| matmul | 1 | 3 |" in tasks and "| paged_attention | 3 | 1 |" in tasks

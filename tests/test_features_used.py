@@ -1,5 +1,5 @@
 """Required features must be used, not only declared (evaluator/analysis/features.py): a token use of
-each of the four is refused with missing_feature, and the verdict carries the evidence."""
+each is refused with missing_feature, and the verdict carries the evidence."""
 import dataclasses
 
 import pytest
@@ -79,3 +79,35 @@ def test_every_solution_with_required_features_shows_its_use(evaluator):
         verdict = evaluator.grade(task, task.solution_source(), seed=0, through="features")
         assert verdict.status == "pending", f"{task.name}: {verdict.message}"
         assert set(verdict.details["features"]) == set(task.required_features)
+
+
+ALIASED = "{1: 0, 3: 1, 4: 2} if exact else {}"  # adamw_step's solution: param, m, v in place
+
+
+def test_aliasing_the_large_buffers_is_a_use_and_aliasing_a_small_one_is_not(evaluator):
+    """adamw_step's solution writes param', m' and v' over param, m and v. Always aliased (its
+    solution gives up aliasing where interpret mode cannot run it, which the features stage
+    does not reach) it uses input_output_aliases; aliasing m alone, a third of the large inputs'
+    bytes, leaves param and v copied and is refused at the bench sizes."""
+    task = _requiring("adamw_step", "input_output_aliases")
+    source = task.solution_source()
+    assert ALIASED in source
+    whole = evaluator.grade(task, source.replace(ALIASED, "{1: 0, 3: 1, 4: 2}"), seed=0, through="features")
+    assert whole.status == "pending", whole.message
+    bench = [facts[0] for case, facts in whole.details["features"]["input_output_aliases"].items() if "bench" in case]
+    assert bench and all(f["aliased_bytes"] >= 0.5 * f["large_input_bytes"] > 0 for f in bench)
+    small = evaluator.grade(task, source.replace(ALIASED, "{3: 1}"), seed=0, through="features")
+    assert small.status == "missing_feature", small.message
+    assert "requires input_output_aliases" in small.message and "of the task's large inputs" in small.message
+
+
+def test_a_kernel_without_aliases_does_not_use_them():
+    from evaluator.analysis.features import _input_output_aliases
+    from evaluator.analysis.jaxpr_analysis import BlockInfo, PallasCallInfo
+
+    cache = BlockInfo("in", [64, 16, 8, 128], [1, 16, 8, 128], "bfloat16", "vmem", 2)
+    call = PallasCallInfo("k", [4], [cache, cache], [], 0, None, None, [])
+    none = _input_output_aliases(call, bench=False)
+    assert not none.used and "aliases no output to an input" in none.why_not
+    call.aliases = [(0, 0)]
+    assert _input_output_aliases(call, bench=True, large_bytes=2.0 * 64 * 16 * 8 * 128).used

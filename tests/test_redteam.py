@@ -10,6 +10,7 @@ import pytest
 from evaluator.truth.stress import stress_cases
 from tasks import get_task
 from tests.conftest import TESTS, expectation
+from training.reward import RewardSpec
 
 REDTEAM = sorted((TESTS / "redteam").glob("*.py"))
 
@@ -30,6 +31,9 @@ def test_cheat_is_rejected_with_the_right_status(evaluator, path):
     verdict = evaluator.grade(task, path.read_text(), split="train")
     assert verdict.status != "correct"
     assert verdict.status == expected, verdict.message
+    # RL's reward (training/reward.py): a cheat is never worth more than an honest failure
+    honest_failure = dataclasses.replace(verdict, status="wrong_output")
+    assert RewardSpec().reward(verdict) <= RewardSpec().reward(honest_failure) == 0.0
 
 
 # Kernels of the grader-checks-the-bench-program classes (docs/anti-cheat.md) that are wrong in

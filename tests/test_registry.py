@@ -1,5 +1,6 @@
 import hashlib
 import json
+import math
 
 import pytest
 
@@ -37,15 +38,16 @@ def test_task_contract(task):
     # Held-out shapes differ in kind: none of them is a train shape.
     train_dims = {tuple(sorted(c.dims.items())) for c in task.select("train")}
     assert all(tuple(sorted(c.dims.items())) not in train_dims for c in task.select("heldout"))
-    # bench sizes are larger than every check size
-    size = lambda c: max(max(s.shape) for s in task.arg_specs(c))
+    # bench sizes are larger than every check size: in elements (a convolution's bench is larger
+    # by its batch and image, though a check case may have more channels)
+    size = lambda c: max(math.prod(s.shape) for s in task.arg_specs(c))
     assert min(size(c) for c in task.select("all", "bench")) > max(size(c) for c in task.select("all", "check"))
     assert task.solution_path.is_file()
 
 
 # The held-out cases, frozen: training data and tuning never move them. A deliberate change to a
 # held-out case updates this digest in the same commit.
-HELDOUT_DIGEST = "ae9ca5e0dfd37df6"
+HELDOUT_DIGEST = "cbf6444a508649c3"  # + the 20 tasks of issue 47 (the 40 before: ae9ca5e0dfd37df6)
 
 
 def test_heldout_cases_are_unchanged():
@@ -112,3 +114,11 @@ def test_the_performance_table_is_current(capsys):
     assert main(["estimate", "--markdown", "--no-cache"]) == 0
     generated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     assert committed == generated
+
+
+def test_shapes_from_reads_the_last_line_of_the_task_docstring():
+    """The task table's "shapes from" column: the models named by task.py's `Shapes from:` line,
+    not an earlier line that merely begins with those words, and nothing for a task that names none."""
+    mamba = tasks.get_task("mamba2_ssd")
+    assert mamba.shapes_from == "Mamba2-2.7B, Mamba2-1.3B, Mamba-Codestral-7B" == mamba.summary()["shapes_from"]
+    assert tasks.get_task("matmul").shapes_from == ""

@@ -177,6 +177,7 @@ def test_ref_store_mismatch():
            "scratch = [pltpu.VMEM((bm, bn), jnp.bfloat16)]\n")
     assert repair("ref_store_mismatch", src, "Invalid dtype for `swap`") == src.replace("jnp.bfloat16", "jnp.float32")
     assert repair("ref_store_mismatch", src, "Mismatch at (0, 3)") is None
+    assert repair("ref_store_mismatch", src) is None
     scalar = ("def sum_kernel(x_ref, o_ref):\n    o_ref[0, 0] = jnp.sum(x_ref[...].astype(jnp.float32))\n\n\n"
               "def kernel(x):\n    return pl.pallas_call(sum_kernel, grid=(4,),\n"
               "        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],\n"

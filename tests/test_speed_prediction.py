@@ -14,7 +14,7 @@ from evaluator.performance.fit import Sample, agreement, fit, spearman
 from evaluator.performance.hardware import GENERATIONS
 from evaluator.performance.prediction import CaseInputs, KernelWork, kernel_time, predict_case
 from evaluator.performance.xla_cost import ReferenceWork, XlaCostCache, XlaProgramCost, price_reference, read_hlo
-from evaluator.truth.xla_reference import ReferenceCosts
+from evaluator.truth.xla_reference import SHIPPED_XLA_COSTS, ReferenceCosts
 from tests.conftest import ROOT, require_module
 
 GEN = GENERATIONS["v6e"]
@@ -146,6 +146,27 @@ def test_a_reference_with_xlas_own_custom_call_is_priced_above_xlas_zero(with_li
     # Read back from the cache: no worker is started for it.
     again = ReferenceCosts(task_digest, cache=XlaCostCache(tmp_path))
     assert again.cost(task, case, case_spec(task, case), GEN) == xla and again._pool is None
+    # What the project ships for this reference is what libtpu says now.
+    shipped = XlaCostCache(tmp_path / "empty", shipped=SHIPPED_XLA_COSTS)
+    assert shipped.get(costs.key(task, case_spec(task, case), GEN)) == xla
+
+
+def test_the_shipped_xla_costs_cover_every_reference_of_ours_and_nothing_else(with_libtpu):
+    """tasks/xla_costs.json holds each of our references at each bench case for v5e and v6e, under
+    the keys of the code as it is: a fresh clone prices them without compiling. After a change to
+    a task's reference or cases, or a jax or libtpu upgrade, regenerate it with
+    `python -m evaluator estimate --ship-xla-costs`."""
+    import tasks
+    from evaluator.stages import case_spec
+
+    costs = ReferenceCosts(task_digest)
+    wanted = {costs.key(task, case_spec(task, case), GENERATIONS[gen]): f"{task.name} {case.name} {gen}"
+              for task in tasks.all_tasks() for case in task.select("all", "bench") for gen in ("v5e", "v6e")}
+    shipped = json.loads(SHIPPED_XLA_COSTS.read_text())
+    missing = sorted(what for key, what in wanted.items() if key not in shipped)
+    assert not missing, f"not shipped (run python -m evaluator estimate --ship-xla-costs): {missing[:5]}"
+    assert set(shipped) == set(wanted), "stale entries: run python -m evaluator estimate --ship-xla-costs"
+    assert all("cost" in entry for entry in shipped.values()), "a reference of ours fails to compile"
 
 
 def test_a_loop_in_a_reference_costs_its_iterations(with_libtpu, tmp_path):

@@ -20,13 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from training.rebench_report import (
-    GROUPS,
-    REPORT_FORMAT,
-    REPORT_FORMAT_VERSION,
-    plot_turns,
-    turn_curves,
-)
+from training.rebench_report import GROUPS, REPORT_FORMAT, REPORT_FORMAT_VERSION, plot_turns, turn_curves
 
 ASSETS = Path(__file__).parent / "site"
 # What the headline columns read: (title, split, group).

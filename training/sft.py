@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.tiny_model import TinyModelArguments
+
 
 @dataclass
-class FixitScriptArguments:
+class FixitScriptArguments(TinyModelArguments):
     dataset_path: str = field(default="datasets/fixit-mutation", metadata={
         "help": "Fixit dataset folder written by `python -m data_gen.collect` (parquet + card)"})
     dataset_train_split: str = field(default="train", metadata={"help": "split to train on"})
@@ -46,16 +48,6 @@ class FixitScriptArguments:
                 "small dataset with a large weight is repeated (datasets.interleave_datasets)"})
     dataset_weight: float = field(default=1.0, metadata={
         "help": "dataset_path's weight when dataset_mix gives weights"})
-    build_tiny_model: bool = field(default=False, metadata={
-        "help": "if model_name_or_path does not exist, build a tiny random model and an offline-trained "
-                "tokenizer there (smoke runs only)"})
-    tiny_hidden_size: int = field(default=64, metadata={
-        "help": "hidden size of the model build_tiny_model builds (MLP width is 4x)"})
-    tiny_num_layers: int = field(default=2, metadata={"help": "decoder layers of the tiny model"})
-    tiny_num_heads: int = field(default=4, metadata={"help": "attention heads of the tiny model"})
-    tiny_sliding_window: int | None = field(default=None, metadata={
-        "help": "if set, the tiny model attends only to this many most recent tokens (a Mistral-style "
-                "sliding window): its answers then depend on the prompt's last few tokens only"})
     merge_adapter: bool = field(default=False, metadata={
         "help": "also save the base model with the LoRA adapter merged in, under <output_dir>/merged"})
 
@@ -180,16 +172,12 @@ def build_trainer(script_args: FixitScriptArguments, training_args: Any, model_a
     from transformers import AutoTokenizer
     from trl import SFTTrainer, get_peft_config
 
-    from training.tiny_model import build_tiny_model, dataset_texts
+    from training.tiny_model import dataset_texts
 
     name = model_args.model_name_or_path
     if not name:
         raise ModelNotAvailable("no model: set model_name_or_path in the config or on the command line")
-    if script_args.build_tiny_model and not Path(name).exists():
-        texts = [t for path, _ in mix_entries(script_args) for t in dataset_texts(path)]
-        build_tiny_model(Path(name), texts,
-                         hidden=script_args.tiny_hidden_size, layers=script_args.tiny_num_layers,
-                         heads=script_args.tiny_num_heads, sliding_window=script_args.tiny_sliding_window)
+    script_args.build_if_asked(name, lambda: [t for path, _ in mix_entries(script_args) for t in dataset_texts(path)])
     require_model(name)
     train, evaluation = load_mixture(script_args, training_args.seed)
     if len(train) == 0:
@@ -250,17 +238,18 @@ def main(argv: list[str] | None = None) -> int:
     try:  # a bad config (unknown key, invalid value, missing file) is the user's to fix: one line
         script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
-        return _fail(exc)
+        return fail(exc)
     try:
         summary = train(script_args, training_args, model_args)
     except (ModelNotAvailable, NoTrainingRows, BadDatasetMix, FileNotFoundError) as exc:
-        return _fail(exc)
+        return fail(exc)
     final = summary.get("train_loss", [])[-1:] or [("-", "-")]
     print(f"saved to {training_args.output_dir} (steps {summary.get('steps')}, last train loss {final[0][1]})")
     return 0
 
 
-def _fail(exc: BaseException) -> int:
+def fail(exc: BaseException) -> int:
+    """A bad config or input: one line on stderr, exit 2."""
     print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
     return 2
 

@@ -10,7 +10,8 @@ so a model trained on it learns to stop.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 END_OF_TURN = "<|im_end|>"
@@ -71,6 +72,30 @@ def build_tiny_model(out: Path, texts: Iterable[str], *, vocab_size: int = 2000,
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@dataclass
+class TinyModelArguments:
+    """The config keys of a smoke run's model (training.sft, training.rl): built at
+    model_name_or_path on first use when `build_tiny_model` is set."""
+
+    build_tiny_model: bool = field(default=False, metadata={
+        "help": "if model_name_or_path does not exist, build a tiny random model and an offline-trained "
+                "tokenizer there (smoke runs only)"})
+    tiny_hidden_size: int = field(default=64, metadata={
+        "help": "hidden size of the model build_tiny_model builds (MLP width is 4x)"})
+    tiny_num_layers: int = field(default=2, metadata={"help": "decoder layers of the tiny model"})
+    tiny_num_heads: int = field(default=4, metadata={"help": "attention heads of the tiny model"})
+    tiny_sliding_window: int | None = field(default=None, metadata={
+        "help": "if set, the tiny model attends only to this many most recent tokens (a Mistral-style "
+                "sliding window): its answers then depend on the prompt's last few tokens only"})
+
+    def build_if_asked(self, name: str, texts: Callable[[], list[str]]) -> None:
+        """Build the tiny model at `name` if asked to and nothing is there yet; `texts` (called
+        only then) are what its tokenizer is trained on."""
+        if self.build_tiny_model and not Path(name).exists():
+            build_tiny_model(Path(name), texts(), hidden=self.tiny_hidden_size, layers=self.tiny_num_layers,
+                             heads=self.tiny_num_heads, sliding_window=self.tiny_sliding_window)
 
 
 def dataset_texts(path: str | Path) -> list[str]:

@@ -159,7 +159,7 @@ KINDS: tuple[FailureKind, ...] = (
         "no_pallas", "the work done in jax.numpy, with no Pallas kernel or only a copy kernel",
         (r"no Pallas|does not call pl\.pallas_call|outside the kernel|work outside", r"copy kernel"),
         _OUR_GRADER + " (JAXBench does not check that Pallas is used)", 0,
-        ("plain_jax", "copy_kernel_shortcut"), ""),
+        ("plain_jax", "copy_kernel_shortcut"), "work_outside"),
     FailureKind(
         "missing_feature", "a required hardware feature not used (every grid axis arbitrary)",
         (r"required feature|must use|parallel",), _OUR_GRADER, 0, ("no_parallel_axis",), ""),

@@ -23,6 +23,7 @@ from evaluator.candidate.policy import parse_module
 ROW_RULES = ("annotation_differs", "dead_name", "self_assignment")
 DATASET_RULES = ("kind_over_cap", "repeated_edit")
 MAX_ROWS_PER_EDIT = 2  # per (task, edit with numbers masked)
+REWRITE_SHARE = 0.5  # difflib's ratio below which a repair rewrites the failing answer
 _NUMBER = re.compile(r"(?<![\w.])\d+(\.\d+)?(e-?\d+)?\b")
 
 
@@ -66,7 +67,9 @@ def _annotations(source: str) -> tuple[list[tuple[int, str]], set[int]]:
 
 def _fixed_lines(failing: str, repair: str, docs: tuple[set[int], set[int]]) -> tuple[set[int], set[int]]:
     """Lines (1-based) of each side inside a diff hunk that changes code: a hunk of comments or
-    docstrings alone is no part of a fix."""
+    docstrings alone is no part of a fix. A rewrite (the two sides share under REWRITE_SHARE of
+    their lines, as a plain-jax answer and a Pallas repair do) changes every line: the few lines
+    it keeps, a helper's `def` line, say, are a coincidence of the diff, not a place a fix left alone."""
     a, b = failing.splitlines(), repair.splitlines()
 
     def code(lines: list[str], number: int, doc_lines: set[int]) -> bool:
@@ -74,6 +77,8 @@ def _fixed_lines(failing: str, repair: str, docs: tuple[set[int], set[int]]) -> 
         return bool(text) and not text.startswith("#") and number not in doc_lines
 
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    if matcher.ratio() < REWRITE_SHARE:
+        return set(range(1, len(a) + 1)), set(range(1, len(b) + 1))
     fixed_a, fixed_b = set(), set()
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":

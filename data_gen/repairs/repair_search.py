@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from data_gen.catalogue.kinds import KIND_NAMES, classify, kind
-from data_gen.repairs.repairers import repair
+from data_gen.repairs.repairers import DESCRIPTIONS, repair
 from evaluator.candidate.policy import parse_module
 from evaluator.record import Status, Verdict
 from evaluator.stages import STAGE_ORDER
@@ -47,6 +47,7 @@ class Edit:
     status: str     # the verdict status it answered
     before: str
     after: str
+    message: str = ""  # the verdict's message it answered
 
 
 @dataclass
@@ -119,7 +120,7 @@ def search(code: str, verdict: Verdict, grade: Callable[[str], Verdict], budget:
             graded = grade(fixed)
             result.gradings += 1
             if _progress(result.verdict, graded):
-                step = Edit(kind_name, name, result.verdict.status, result.code, fixed), graded
+                step = Edit(kind_name, name, result.verdict.status, result.code, fixed, result.verdict.message), graded
                 break
             if result.gradings >= budget:
                 break
@@ -154,9 +155,14 @@ def _hunk_sentence(removed: list[str], added: list[str]) -> str:
 
 def explain(edits: list[Edit]) -> str:
     """One numbered item per kept edit: the failure it answers (the kind's summary) and the
-    lines it changes, in the order they were applied."""
+    lines it changes, in the order they were applied; a repairer whose edit a list of lines would
+    not explain (a stand-in kernel added) tells it in its own words (repairers.DESCRIPTIONS)."""
     items = []
     for n, edit in enumerate(edits, 1):
+        told = DESCRIPTIONS[edit.repairer](edit.before, edit.after, edit.message) if edit.repairer in DESCRIPTIONS else ""
+        if told:
+            items.append(f"{n}. {told}")
+            continue
         hunks = changed_lines(edit.before, edit.after)
         what = "; ".join(_hunk_sentence(r, a) for r, a in hunks)
         cause = kind(edit.kind).summary if edit.kind in KIND_NAMES else "an error no failure kind names"

@@ -16,6 +16,7 @@ import keyword
 import math
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from data_gen.catalogue.kinds import KINDS
 from data_gen.failures.edits import STANDARD_IMPORTS, SourceModule, dotted_name
@@ -471,7 +472,20 @@ def _static_names(m: _Module, func: ast.FunctionDef) -> set[str]:
                 static |= {n.id for n in ast.walk(node.targets[0]) if isinstance(n, ast.Name)}
             elif isinstance(node, ast.For) and _is_static(node.iter, static):
                 static |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            elif isinstance(node, ast.For):
+                static |= _static_loop_names(node, static)
     return static
+
+
+def _static_loop_names(loop: ast.For, static: set[str]) -> set[str]:
+    """`for w_ref, out_ref, rotate in ((wq_ref, q_ref, True), ...)`: the target names whose
+    value is static in every row of a literal table, though other columns hold refs."""
+    rows, target = loop.iter, loop.target
+    if not (isinstance(rows, (ast.Tuple, ast.List)) and isinstance(target, ast.Tuple) and rows.elts
+            and all(isinstance(r, ast.Tuple) and len(r.elts) == len(target.elts) for r in rows.elts)):
+        return set()
+    return {t.id for i, t in enumerate(target.elts) if isinstance(t, ast.Name)
+            and all(_is_static(r.elts[i], static) for r in rows.elts)}
 
 
 def _is_static(expr: ast.AST, static: set[str]) -> bool:
@@ -747,9 +761,9 @@ def _ref_block_shape(m: _Module, ref: str, kernel: ast.FunctionDef) -> ast.Tuple
 @_with_module
 def repair_ref_store_mismatch(m: _Module, message: str) -> None:
     """bfloat16 scratch or matmul results that receive float32 -> float32; a scalar store of a
-    reduction -> a keepdims reduction stored to the whole ref."""
-    dtype_message = not message or re.search(r"dtype|swap|bfloat16|bf16", message, re.I)
-    if dtype_message:
+    reduction -> a keepdims reduction stored to the whole ref. The dtype half needs a message about
+    dtypes: a bfloat16 scratch that is only ever stored bfloat16 (mamba2_ssd's C) is correct."""
+    if re.search(r"dtype|swap|bfloat16|bf16", message, re.I):
         for call in m.calls("pltpu.VMEM"):
             if len(call.args) == 2 and dotted_name(call.args[1]) == "jnp.bfloat16":
                 m.rewrite(call.args[1], "jnp.float32")
@@ -1057,6 +1071,70 @@ def repair_undefined_name(source: str, message: str = "") -> str | None:
     return "".join(lines[:line]) + STANDARD_IMPORTS[found.group(1)] + "\n" + "".join(lines[line:])
 
 
+def _stand_in_code() -> str:
+    """data_gen/repairs/pallas_ops.py's code for a candidate, as written there: its imports,
+    constants and functions, without its docstring and its closing table of names (STAND_INS)."""
+    from data_gen.repairs import pallas_ops
+
+    text = Path(pallas_ops.__file__).read_text()
+    body = parse_module(text).body
+    lines = text.splitlines()[body[1].lineno - 1:body[-1].lineno - 1]
+    while lines and (not lines[-1].strip() or lines[-1].startswith("#")):
+        lines.pop()
+    return "\n".join(lines)
+
+
+def repair_work_outside(source: str, message: str = "") -> str | None:
+    """A convolution left to XLA outside the kernels (`jax.lax.conv_general_dilated`,
+    `jax.lax.conv_transpose`): call the verified Pallas stand-in of data_gen/repairs/pallas_ops.py
+    instead, same arguments, its code appended to the module."""
+    from data_gen.repairs.pallas_ops import STAND_INS
+
+    m = _parse(source)
+    if m is None or "_verified_conv_general_dilated" in source:
+        return None
+    for call in m.calls(*STAND_INS):
+        if m.kernel_of_node(call) is None and not any(k.arg == "batch_group_count" for k in call.keywords):
+            m.rewrite(call.func, STAND_INS[dotted_name(call.func)])
+    if not m.edits:
+        return None
+    m.edits.append((len(source), len(source), ("" if source.endswith("\n") else "\n")
+                    + "\n\n# Verified Pallas convolution (multiply-adds in a Pallas matmul over kernel taps)\n"
+                    + _stand_in_code() + "\n"))
+    return m.result()
+
+
+def describe_work_outside(before: str, after: str, message: str) -> str:
+    """What repair_work_outside did, for a pair's explanation: which XLA convolutions (by line)
+    now call which stand-in, and why that is the fix."""
+    from data_gen.repairs.pallas_ops import STAND_INS
+
+    old, new = _parse(before), _parse(after)
+    if old is None or new is None:
+        return ""
+    replaced = [(c.lineno, dotted_name(c.func)) for c in old.calls(*STAND_INS) if old.kernel_of_node(c) is None]
+    kept = {c.lineno for c in new.calls(*STAND_INS)}
+    replaced = [(line, name) for line, name in replaced if line not in kept]
+    if not replaced:
+        return ""
+    calls = ", ".join(f"`{name}` (line {line})" for line, name in replaced)
+    stand_ins = ", ".join(sorted({STAND_INS[n] for _, n in replaced}))
+    # Stand-in names stay out of code spans: an explanation's spans name only what the failing
+    # kernel holds (data_gen/rows/text_rules.py).
+    return (f"The convolution ran in XLA: {calls} is called outside the Pallas kernel, which only did the "
+            "cheap element-wise part. A convolution is this task's heavy work, and the grader counts work "
+            f"only where a kernel does it. Fix: call the same convolution written in Pallas ({stand_ins}, "
+            "same arguments, its code added at the end of the module): it pads and dilates the input and "
+            "slices out each kernel tap's strided window outside the kernel (data movement, no arithmetic), "
+            "then runs every multiply-add in a blocked Pallas matmul over (taps x input channels), one per "
+            "feature group, accumulating in float32 in a VMEM scratch buffer.")
+
+
+# How a repair is told in a pair's explanation, where a list of changed lines would not say it:
+# repairer -> describe(before, after, the verdict message it answered) -> prose ('' to fall back).
+DESCRIPTIONS: dict[str, Callable[[str, str, str], str]] = {"work_outside": describe_work_outside}
+
+
 def _traced_bool_or_slice(source: str, message: str = "") -> str | None:
     """A traced bool comes from a Python branch, or (in this jax) from a Python slice of a ref
     with traced bounds: try the branch fix, then the slice fix."""
@@ -1080,6 +1158,7 @@ REPAIRERS: dict[str, Repairer] = {
     "wrong_values": repair_wrong_values,
     "prose_in_code": repair_prose_in_code,
     "wrong_entry_point": repair_wrong_entry_point,
+    "work_outside": repair_work_outside,
 }
 
 

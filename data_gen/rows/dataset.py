@@ -241,6 +241,7 @@ class DatasetSummary:
     by_kind: Counter
     diversity: Diversity
     rules: RuleCounts
+    level_of: dict[str, int]  # task -> its level (1-3)
 
 
 def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fraction: float,
@@ -267,7 +268,7 @@ def write_dataset(rows: list[dict], out_dir: Path, name: str, validation_fractio
         out_dir, {s: len(r) for s, r in splits.items()}, Counter(r["task"] for r in rows),
         Counter(r["error_class"] for r in rows), Counter(r["source"] for r in rows),
         Counter(r["origin"] for r in rows), Counter(r.get("failure_kind", "") for r in rows), Diversity.of(rows),
-        RuleCounts.of(rows))
+        RuleCounts.of(rows), {r["task"]: r["level"] for r in rows})
     _plot_error_classes(summary, out_dir / "error_classes.png")
     (out_dir / "README.md").write_text(dataset_card(summary, name, description, sorted(val), sections, license))
     return summary
@@ -298,8 +299,15 @@ def _table(counter: Counter, header: str) -> str:
 
 
 def _task_table(summary: DatasetSummary) -> str:
-    lines = ["| task | pairs | distinct repair kernels |", "|---|---:|---:|"]
-    lines += [f"| {task} | {n} | {summary.diversity.repairs_per_task.get(task, 0)} |"
+    """Pairs per level, then per task with its level."""
+    by_level = Counter()
+    for task, n in summary.by_task.items():
+        by_level[summary.level_of[task]] += n
+    lines = ["| level | tasks | pairs |", "|---:|---:|---:|"]
+    lines += [f"| {level} | {sum(summary.level_of[t] == level for t in summary.by_task)} | {n} |"
+              for level, n in sorted(by_level.items())]
+    lines += ["", "| task | level | pairs | distinct repair kernels |", "|---|---:|---:|---:|"]
+    lines += [f"| {task} | {summary.level_of[task]} | {n} | {summary.diversity.repairs_per_task.get(task, 0)} |"
               for task, n in sorted(summary.by_task.items(), key=lambda kv: (-kv[1], kv[0]))]
     return "\n".join(lines)
 

@@ -15,6 +15,9 @@ and at bench sizes the traffic model) and returns its evidence, which goes into 
   space ANY).
 - parallel_grid: at bench sizes, an axis marked parallel has more than one step; at check sizes
   (where a grid may be one step) an axis is marked parallel.
+- input_output_aliases: an output is aliased to an input of the kernel (written in place over
+  its buffer); at bench sizes the aliased inputs hold at least half of the bytes of the task's
+  large inputs (aliasing a small side buffer leaves the large one copied).
 
 And where the work is (check_feature): a tiny side kernel that stages one operand through
 scratch, or DMAs the query, must not satisfy a requirement that the kernel doing the work
@@ -128,6 +131,23 @@ def _parallel_grid(call: PallasCallInfo, bench: bool) -> Evidence:
     return Evidence(True, facts)
 
 
+def _input_output_aliases(call: PallasCallInfo, bench: bool, large_bytes: float = 0.0) -> Evidence:
+    """`large_bytes`: the bytes of the task's large inputs, half of which the aliased inputs must
+    hold at bench sizes (0: unknown, any alias counts)."""
+    aliased = [call.blocks[i] for i, _ in call.aliases if 0 <= i < len(call.blocks)]
+    aliased_bytes = sum(float(np.prod(b.array_shape)) * np_dtype(b.dtype).itemsize for b in aliased)
+    facts = {"kernel": call.name, "aliased_inputs": [f"{b.dtype}{b.array_shape}" for b in aliased]}
+    if not aliased:
+        return Evidence(False, facts, f"{call.name} aliases no output to an input")
+    if bench and large_bytes:
+        facts.update(aliased_bytes=aliased_bytes, large_input_bytes=large_bytes)
+        if aliased_bytes < MIN_DMA_SHARE * large_bytes:
+            return Evidence(False, facts, f"{call.name} writes in place over {aliased_bytes / 2**20:.1f} MiB, "
+                                          f"{aliased_bytes / large_bytes:.1%} of the {large_bytes / 2**20:.1f} MiB "
+                                          "of the task's large inputs (the large ones are copied)")
+    return Evidence(True, facts)
+
+
 DETECTORS: dict[str, tuple[Callable[[PallasCallInfo, bool], Evidence], str]] = {
     "manual_dma": (_manual_dma, "leave the large operand in HBM (memory_space=pl.ANY) and copy the "
                                 "parts each grid step needs into VMEM yourself (pltpu.make_async_copy(...)"
@@ -141,7 +161,13 @@ DETECTORS: dict[str, tuple[Callable[[PallasCallInfo, bool], Evidence], str]] = {
                                           "mask)"),
     "parallel_grid": (_parallel_grid, "split the work over a grid axis with more than one step and mark it "
                                       "\"parallel\" in pltpu.CompilerParams(dimension_semantics=...)"),
+    "input_output_aliases": (_input_output_aliases, "update the large buffer in place: alias it to the output "
+                                                    "(pl.pallas_call(..., input_output_aliases={input index: "
+                                                    "output index}), counting scalar-prefetch operands) and "
+                                                    "write only the blocks that change"),
 }
+# Detectors that also weigh the task's large inputs (bench sizes).
+_WEIGH_LARGE_INPUTS = {"manual_dma": _manual_dma, "input_output_aliases": _input_output_aliases}
 
 
 def feature_evidence(name: str, calls: list[PallasCallInfo], bench: bool) -> list[Evidence]:
@@ -154,11 +180,12 @@ def check_feature(name: str, calls: list[PallasCallInfo], bench: bool,
                   inputs: list[ArgSpec] | None = None) -> tuple[list[Evidence], str | None]:
     """Each kernel's evidence, and None if the kernels that use `name` carry at least
     MIN_WORK_SHARE of the case's work, else why not (a clause naming the kernels).
-    `inputs`: the task's inputs at this case (for manual_dma's large inputs)."""
-    if name == "manual_dma":
+    `inputs`: the task's inputs at this case (for the large inputs of manual_dma and
+    input_output_aliases)."""
+    if name in _WEIGH_LARGE_INPUTS:
         large = _large_input_bytes([float(np.prod(a.shape)) * np_dtype(a.dtype).itemsize
                                     for a in inputs or []])
-        evidence = [_manual_dma(call, bench, large) for call in calls]
+        evidence = [_WEIGH_LARGE_INPUTS[name](call, bench, large) for call in calls]
     else:
         evidence = feature_evidence(name, calls, bench)
     users = [i for i, e in enumerate(evidence) if e.used]

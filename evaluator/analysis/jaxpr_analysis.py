@@ -76,6 +76,9 @@ class PallasCallInfo:
     # output by itself): the evidence of the `manual_dma` requirement.
     dma_use: list[RefUse] = field(default_factory=list)
     prefetch_index_maps: list[int] = field(default_factory=list)
+    # pallas_call's input_output_aliases as (index into `blocks` of the input, output index): the
+    # outputs written in place over an input buffer (the `input_output_aliases` requirement).
+    aliases: list[tuple[int, int]] = field(default_factory=list)
     # The index maps evaluated over the whole static grid (evaluator/analysis/grid_checks.py): blocks
     # out of range, output blocks never written, inputs not read in full; and what was not
     # checked, and why. Judged at bench sizes by the index-maps stage.
@@ -228,6 +231,8 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         dma_use=dma_use,
         prefetch_index_maps=[i for i, bm in enumerate(gm.block_mappings)
                              if traffic_analysis.reads_prefetched(bm, len(grid))],
+        aliases=[(int(i) - int(gm.num_index_operands), int(o))
+                 for i, o in eqn.params.get("input_output_aliases", ())],
     )
 
 

@@ -1,10 +1,12 @@
 """XLA's cost of each task's reference at each case for a generation, compiled once per content.
 
-Looked up in the disk cache (evaluator/performance/xla_cost.py, XlaCostCache) first, else
-compiled by libtpu in workers of their own: no candidate's code is loaded there, so a libtpu
-crash or a slow compile costs the candidate's grading nothing but the prediction's XLA side.
-A compile that fails, crashes or runs over REFERENCE_COMPILE_S is recorded as such: the next
-grading of the same reference does not wait for it again.
+Looked up in the disk cache (evaluator/performance/xla_cost.py, XlaCostCache) first, then in
+the costs shipped with the project (SHIPPED_XLA_COSTS: our tasks' references at their bench
+cases, written by `python -m evaluator estimate --ship-xla-costs`), else compiled by libtpu in
+workers of their own: no candidate's code is loaded there, so a libtpu crash or a slow compile
+costs the candidate's grading nothing but the prediction's XLA side. A compile that fails,
+crashes or runs over REFERENCE_COMPILE_S is recorded as such: the next grading of the same
+reference does not wait for it again.
 """
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import threading
+from pathlib import Path
 from typing import Callable
 
+import tasks
 from evaluator.execution.backends import BACKENDS
 from evaluator.execution.protocol import CaseSpec, Costed, ReferenceCost
 from evaluator.execution.sandbox import Limits, WorkerError, WorkerPool
@@ -25,6 +29,7 @@ NO_LIBTPU = "libtpu is not installed (pip install -e '.[tpu-compile]')"
 # The longest a reference's compile may take (JAXBench's took a median 4.6 s, at most 122 s, and
 # a 3-D transposed convolution over 5 minutes): longer, the prediction prices it by our model.
 REFERENCE_COMPILE_S = 150.0
+SHIPPED_XLA_COSTS = Path(tasks.__file__).parent / "xla_costs.json"
 
 
 def libtpu_version() -> str | None:
@@ -40,12 +45,15 @@ class ReferenceCosts:
     """`cost(task, case, spec, gen)`: XLA's figures, or why there are none (a string)."""
 
     def __init__(self, digest: Callable[[Task], str], limits: Limits = Limits(), cache: XlaCostCache | None = None,
-                 workers: int = 1):
+                 workers: int = 1, compile_s: float = REFERENCE_COMPILE_S, retry_errors: bool = False):
         """`digest`: a content hash of a task's reference code (evaluator/digest.py, task_digest);
-        `workers`: compiles at once (one per grading thread: a slow compile holds up only its own)."""
+        `workers`: compiles at once (one per grading thread: a slow compile holds up only its own);
+        `compile_s`, `retry_errors`: the compile limit, and whether a failure the cache recorded is
+        compiled again (shipping the costs waits longer than a grading, and once)."""
         self.digest = digest
-        self.limits = dataclasses.replace(limits, step_timeout_s=REFERENCE_COMPILE_S)
-        self.cache = cache or XlaCostCache()
+        self.limits = dataclasses.replace(limits, step_timeout_s=compile_s)
+        self.retry_errors = retry_errors
+        self.cache = cache or XlaCostCache(shipped=SHIPPED_XLA_COSTS)
         self.libtpu = libtpu_version()
         self._pool: WorkerPool | None = None
         self._workers = max(1, workers)
@@ -55,11 +63,9 @@ class ReferenceCosts:
     def cost(self, task: Task, case: Case, spec: CaseSpec, gen: TpuGeneration) -> XlaProgramCost | str:
         if self.libtpu is None:
             return NO_LIBTPU
-        import jax
-
-        key = self.cache.key(self.digest(task), spec.name, spec.args, gen.topology, jax.__version__, self.libtpu)
+        key = self.key(task, spec, gen)
         hit = self.cache.get(key)
-        if hit is not None:
+        if hit is not None and not (self.retry_errors and isinstance(hit, str)):
             return hit
         with self._lock:
             key_lock = self._keys.setdefault(key, threading.Lock())
@@ -67,10 +73,17 @@ class ReferenceCosts:
                 self._pool = WorkerPool(BACKENDS["tpu-compile"], size=self._workers, limits=self.limits)
         with key_lock:  # the same reference asked twice at once is compiled once
             hit = self.cache.get(key)
-            if hit is None:
+            if hit is None or self.retry_errors and isinstance(hit, str):
                 hit = self._compile(task, case, spec, gen)
                 self.cache.put(key, hit)
             return hit
+
+    def key(self, task: Task, spec: CaseSpec, gen: TpuGeneration) -> str:
+        """What a compiled cost is kept under: the reference's code, the case, the topology and
+        the compiler's versions."""
+        import jax
+
+        return self.cache.key(self.digest(task), spec.name, spec.args, gen.topology, jax.__version__, self.libtpu)
 
     def _compile(self, task: Task, case: Case, spec: CaseSpec, gen: TpuGeneration) -> XlaProgramCost | str:
         request = ReferenceCost(task.name, spec, gen.topology)

@@ -5,6 +5,11 @@ with the mean and (biased) variance of its HW * C // G values, then each channel
 gamma and beta. G is the case's static `groups` param; the kernel reads it from the shape of
 gamma and beta, which hold the C per-channel values laid out by group as [G, C // G]
 (gamma.reshape(C) is the usual per-channel vector).
+
+The train bench's c=512 in 32 groups on a 64x64 map (hw=4096) is a GroupNorm of Stable
+Diffusion v1.5's VAE (norm_num_groups 32, widest block_out_channels 512) on the 64x64 latent
+of a 512x512 image.
+Shapes from: Stable Diffusion v1.5.
 """
 from pathlib import Path
 

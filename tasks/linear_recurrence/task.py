@@ -3,6 +3,10 @@
 For each batch row and channel d, a state h_t[d, :] of size N evolves as
     h_t[d, n] = a_t[d] * h_{t-1}[d, n] + b_t[n] * x_t[d],    h_0 = 0,
 and the output is y_t[d] = sum_n c_t[n] * h_t[d, n]. Output in x.dtype.
+
+The train bench's D=2048, N=16 are Mamba-370M's d_inner (d_model 1024, expand 2) and d_state
+(Mamba's decay also varies over the state axis; this one is per channel).
+Shapes from: Mamba-370M.
 """
 from pathlib import Path
 

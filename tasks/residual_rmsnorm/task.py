@@ -2,6 +2,9 @@
 
 The pre-norm transformer step: the normalised activations for the next layer and the updated
 residual stream, from one pass over x and residual [..., d].
+
+The train bench's d=4096 is Llama-2-7B's and Llama-3-8B's hidden_size (their residual stream).
+Shapes from: Llama-2-7B, Llama-3-8B.
 """
 from pathlib import Path
 

@@ -3,6 +3,10 @@
 Position of row s is s (0..S-1); frequency i (0 <= i < D/2) is base^(-2i/D); with
 x1 = x[..., :D/2], x2 = x[..., D/2:]:  out = x * cos + concat(-x2, x1) * sin, where cos and sin
 of angle position * frequency are repeated over both halves. Returns (q_rot, k_rot).
+
+The train bench's h=32, d=128, s=4096 are Llama-2-7B's num_attention_heads, head size
+(4096 / 32) and max_position_embeddings; base 10000 is its rope_theta.
+Shapes from: Llama-2-7B.
 """
 from pathlib import Path
 
