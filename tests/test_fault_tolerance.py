@@ -10,9 +10,12 @@ from tasks import get_task
 from tests.conftest import read_candidate
 
 
-def test_dma_deadlock_times_out(quick_timeout_evaluator):
-    verdict = quick_timeout_evaluator.grade("matmul", read_candidate("timeout_dma_wait_without_start"))
-    assert verdict.status == "timeout", verdict.message
+def test_a_dma_deadlock_is_a_runtime_error_at_once(quick_timeout_evaluator):
+    """A wait nothing can signal fails when it is reached, not at the worker's time limit
+    (8 s here, 120 s by default)."""
+    verdict = quick_timeout_evaluator.grade("matmul", read_candidate("runtime_error_dma_wait_without_start"))
+    assert verdict.status == "runtime_error", verdict.message
+    assert "DeadlockError: deadlock: a semaphore wait needs 16384 and the semaphore holds 0" in verdict.message
 
 
 @pytest.mark.parametrize("name,task", [
@@ -36,7 +39,7 @@ def test_correct_kernel_is_stable_across_fresh_seeds(full_evaluator):
 def test_batch_of_100_with_20_percent_faulty_candidates_completes():
     faulty = [("timeout_python_loop", "matmul", "timeout"),
               ("timeout_kernel_loop", "matmul", "timeout"),
-              ("timeout_dma_wait_without_start", "matmul", "timeout"),
+              ("runtime_error_dma_wait_without_start", "matmul", "runtime_error"),
               ("runtime_error_memory_hog", "matmul", "runtime_error")] * 5
     healthy = [("no_kernel_plain_jnp", "softmax", "no_kernel"),
                ("work_outside_dot", "matmul", "work_outside_kernel"),

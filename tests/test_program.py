@@ -221,6 +221,20 @@ def test_a_missing_race_hook_stops_the_worker_loudly(monkeypatch):
         jax_hooks.install_race_recorder()
 
 
+def test_a_changed_semaphore_stops_the_worker_loudly(monkeypatch):
+    from jax._src.pallas.mosaic.interpret import shared_memory
+
+    from evaluator.execution import jax_hooks
+
+    class CountsElsewhere:  # what a jax upgrade could leave behind
+        def __init__(self):
+            self.counts = {}
+
+    monkeypatch.setattr(shared_memory, "Semaphore", CountsElsewhere)
+    with pytest.raises(jax_hooks.HookError, match="count_by_core"):
+        jax_hooks.install_deadlock_detector()
+
+
 def test_replay_runs_the_traced_jaxpr_through_control_flow():
     """scan, cond and vmap around pallas_calls, replayed in interpret mode and lowered for TPU."""
     from jax.experimental import pallas as pl

@@ -130,10 +130,29 @@ def calibrate(rows: list[dict], kind_of: Callable[[dict], str], spread: Callable
                 total_variation(mix_of(counts), real_mix()) <= TV_LIMIT:
             best = counts
             break
-    kept_rows = [r for k, groups in by_kind.items() for r in round_robin(list(groups.values()), best[k])
+    sizes = Counter(_lead(spread(row)) for row in rows)
+    kept_rows = [r for k, groups in by_kind.items() for r in round_robin(_interleaved(groups, sizes), best[k])
                  if best[k] > 0]
     order = {id(r): i for i, r in enumerate(rows)}
     return sorted(kept_rows, key=lambda r: order[id(r)])
+
+
+def _interleaved(groups: dict[Hashable, list[dict]], sizes: Counter[Hashable]) -> list[list[dict]]:
+    """The groups, the first group of every leading key (a task, in a (task, structure) spread)
+    before the second of any, and among firsts the keys with the fewest rows in all (`sizes`)
+    first: a kind trimmed to fewer rows than it has groups keeps the tasks that have little
+    else, not the tasks that happen to come first."""
+    seen: Counter[Hashable] = Counter()
+    ranked = []
+    for index, (key, rows) in enumerate(groups.items()):
+        lead = _lead(key)
+        ranked.append((seen[lead], sizes[lead], index, rows))
+        seen[lead] += 1
+    return [rows for *_, rows in sorted(ranked, key=lambda x: x[:3])]
+
+
+def _lead(key: Hashable) -> Hashable:
+    return key[0] if isinstance(key, tuple) else key
 
 
 def round_robin(queues: list[list[T]], limit: int) -> list[T]:

@@ -213,11 +213,19 @@ _STORIES: dict[str, Story] = {
         ("Call `{copy}.wait()` before the destination buffer is read.",
          "Wait on `{copy}` before using its destination, once per start.")),
     "double_buffer_race": Story(
-        {s: ("The prefetch at line {line} targets slot `{slot}`, the buffer the current step is reading, so "
-             "the incoming DMA overwrites data while it is in use.",
-             "Double buffering needs the next copy to go into the other slot; with `{slot}` the kernel "
-             "prefetches on top of the block it is computing on.")
-         for s in ("wrong_output", "runtime_error")},
+        {"wrong_output": (
+            "The prefetch at line {line} targets slot `{slot}`, the buffer the current step is reading, so "
+            "the incoming DMA overwrites data while it is in use.",
+            "Double buffering needs the next copy to go into the other slot; with `{slot}` the kernel "
+            "prefetches on top of the block it is computing on."),
+         # a runtime error is the race detector or a deadlock: the mutated index may be the
+         # buffer's (a race) or the semaphore's (the next wait is never signalled)
+         "runtime_error": (
+            "Line {line} sends the prefetch to slot `{slot}`, the one the current step is using, where it "
+            "needs the idle one: the copy and its semaphore do not pair with the next step's wait, so "
+            "the kernel reads a buffer a DMA is writing, or waits on a semaphore nothing signals.",
+            "Double buffering needs the next copy to go into the other slot; with `{slot}` the prefetch "
+            "collides with the current step's buffer or semaphore, so the kernel races or deadlocks.")},
         ("Send the prefetch to `1 - {slot}`, the idle buffer.",
          "Use the other slot (`1 - {slot}`) for the next chunk.")),
     "no_parallel_axis": Story(

@@ -6,10 +6,15 @@ loudly, and nowhere else.
 - Pallas code that asks which TPU it runs on must hear the target chip on a CPU host
   (`pretend_device_kind`).
 - Interpret mode keeps per-kernel state between calls (`reset_interpret_state`).
+- Interpret mode waits forever on a semaphore nothing will signal (a DMA started into the
+  wrong slot, a wait with no start): on one core that is a certain deadlock, and we fail
+  the wait at once with the semaphore's counts (`install_deadlock_detector`) rather than
+  leave the worker to its time limit.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 _RACES: list[str] = []
@@ -41,6 +46,60 @@ def install_race_recorder() -> None:
             super().__setattr__(name, value)
 
     ipc.RaceDetectionState = RecordingRaceState
+
+
+_SEMAPHORE_STATE = ("self.count_by_core", "self.tasks", "self.cv", "def num_cores")
+
+
+class DeadlockError(RuntimeError):
+    """A semaphore wait that nothing left in the kernel can satisfy."""
+
+
+def install_deadlock_detector() -> None:
+    """Fail a single-core semaphore wait at once when nothing pending can signal it.
+
+    Interpret mode's wait runs the DMAs queued on the semaphore until its count suffices,
+    then sleeps in 0.1 s steps for a signal from another core. With one core there is no
+    other core: once the queue is empty and the count short, the wait can never end (on a
+    TPU the kernel hangs the same way).
+    """
+    try:
+        from jax._src.pallas.mosaic.interpret import shared_memory as memory
+
+        base = memory.Semaphore
+    except (ImportError, AttributeError) as exc:
+        raise HookError("cannot detect deadlocks: jax._src.pallas.mosaic.interpret.shared_memory."
+                        f"Semaphore is gone ({exc}); the evaluator needs updating for jax {jax_version()}") from None
+    if getattr(base, "detects_deadlocks", False):
+        return  # installed already
+    # the wait below reads these; were one renamed, a kernel would be blamed for our AttributeError
+    missing = [name for name in _SEMAPHORE_STATE if name not in inspect.getsource(base)]
+    if missing:
+        raise HookError(f"cannot detect deadlocks: interpret mode's Semaphore no longer has {missing}; "
+                        f"the evaluator needs updating for jax {jax_version()}")
+
+    class DeadlockDetectingSemaphore(base):  # type: ignore[misc, valid-type]
+        detects_deadlocks = True
+
+        def wait(self, value, global_core_id, **kwargs):  # type: ignore[no-untyped-def]
+            if self.num_cores == 1:
+                core = int(global_core_id)
+                while True:
+                    with self.cv:
+                        count, pending = int(self.count_by_core[core]), self.tasks[core]
+                        if count >= value:
+                            break
+                        if not pending:
+                            raise DeadlockError(
+                                f"deadlock: a semaphore wait needs {value} and the semaphore holds {count} "
+                                "(a DMA semaphore counts bytes), with no DMA or signal left to raise it: the kernel "
+                                "waits forever (a copy never started, or started on another slot or "
+                                "semaphore than the one waited on?)")
+                        task = pending.pop()
+                    task()
+            return super().wait(value, global_core_id, **kwargs)
+
+    memory.Semaphore = DeadlockDetectingSemaphore
 
 
 def take_races() -> int:

@@ -60,7 +60,8 @@ def main() -> None:
     state = handlers.WorkerState(interpret=args.interpret)
     try:
         jax_hooks.install_race_recorder()
-    except jax_hooks.HookError as exc:  # an evaluator that cannot see races must not grade at all
+        jax_hooks.install_deadlock_detector()
+    except jax_hooks.HookError as exc:  # an evaluator that cannot see races or deadlocks must not grade at all
         wire.write_message(proto_out, protocol.to_header(protocol.Refused(str(exc))))
         return
     wire.write_message(proto_out, protocol.to_header(protocol.Ready(os.getpid(), jax.__version__, granted)))
