@@ -43,7 +43,7 @@ from evaluator.record import Verdict
 from tasks import UnknownTaskError, all_tasks, get_task
 from tasks.spec import Task
 
-DEFAULT_MAX_PER_TASK = 10  # 54 train tasks: 538 mutants, about 10.5 minutes on 2 cores (docs/data-generation.md)
+DEFAULT_MAX_PER_TASK = 10  # 54 train tasks: 538 mutants, 6.6 minutes on 2 cores (docs/data-generation.md)
 DEFAULT_BALANCE = 5
 DEFAULT_MAX_PER_REPAIR = 3
 

@@ -8,6 +8,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PALLAS_EVAL_ASSUME_NO_TPU", "1")  # tests pin the tpu-interpret backend
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # with libtpu installed, jax would probe for a TPU
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test processes share the cores: torch's OpenMP threads (one per core each) spun against
+    # the other process's work, and `pytest -m slow` ran its GRPO test in 392 s, not 45 (alone).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

@@ -174,6 +174,19 @@ def test_mutants_spread_over_the_pool_kernels_and_operators():
         assert (m.variant == "solution") == (m.id.count(":") == 2)
 
 
+def test_a_run_without_a_budget_takes_what_the_engine_makes():
+    """A run makes each mutant only when it takes it; with no budget it takes them all, and what
+    it takes is what `mutants` makes in full: no bug that leaves a leftover or breaks the
+    syntax, no repeated source."""
+    from data_gen.sources.mutation import MutationSource
+
+    for name in ("layer_norm", "grouped_matmul"):
+        task = get_task(name)
+        made = mutants(task)
+        taken = MutationSource([task], 0, seed=0).items()
+        assert len(taken) == len(made) and {m.source for m in taken} == {m.source for m in made}
+
+
 def test_stop_at_first_failure_confirms_a_failure_with_one_case(evaluator):
     bug = _mutant("matmul", "drop_accumulator_init")
     assert evaluator.stop_at_first_failure and evaluator.n_seeds == 1  # tests/conftest.py

@@ -57,26 +57,32 @@ def test_correct_kernel_records_compiler_memory_stats(compile_evaluator):
     assert stats["argument_size_in_bytes"] == 2 * 4096 * 4096 * 4
 
 
+@pytest.fixture(scope="module")
+def compile_worker():
+    """One tpu-compile worker per test process for the sweep below: each task's test is one
+    item, so `pytest -m slow --dist load` spreads the sweep over both processes."""
+    worker = Worker(get_backend("tpu-compile"), Limits(step_timeout_s=120))
+    yield worker
+    worker.kill()
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("task", all_tasks(), ids=lambda t: t.name)
 @pytest.mark.parametrize("gen", ["v5e", "v6e"])
-def test_every_solution_compiles(gen):
+def test_every_solution_compiles(compile_worker, gen, task):
     """Compile each task's solution for the generation at its bench sizes, where VMEM budgets
     and tiling bite (check sizes use the same code on smaller blocks); no interpret runs."""
-    worker = Worker(get_backend("tpu-compile"), Limits(step_timeout_s=120))
-    failures = []
     try:
-        for task in all_tasks():
-            loaded, _ = worker.call(Load(task.solution_source(), GENERATIONS[gen].device_kind))
-            assert isinstance(loaded, Done), loaded
-            bench = task.select("all", "bench")  # compiled from the program traced here
-            traced, _ = worker.call(Trace([case_spec(task, c) for c in bench]))
-            assert isinstance(traced, Traced), traced
-            for case in bench:
-                reply, _ = worker.call(Compile(GENERATIONS[gen].topology, case_spec(task, case)),
-                                       timeout_s=300)
-                if isinstance(reply, Failed):
-                    failures.append(f"{task.name}/{case.name}: {reply.error}")
-            worker.call(Reset())
+        loaded, _ = compile_worker.call(Load(task.solution_source(), GENERATIONS[gen].device_kind))
+        assert isinstance(loaded, Done), loaded
+        bench = task.select("all", "bench")  # compiled from the program traced here
+        traced, _ = compile_worker.call(Trace([case_spec(task, c) for c in bench]))
+        assert isinstance(traced, Traced), traced
+        failures = []
+        for case in bench:
+            reply, _ = compile_worker.call(Compile(GENERATIONS[gen].topology, case_spec(task, case)), timeout_s=300)
+            if isinstance(reply, Failed):
+                failures.append(f"{case.name}: {reply.error}")
+        assert not failures, "\n".join(failures)
     finally:
-        worker.kill()
-    assert not failures, "\n".join(failures)
+        compile_worker.call(Reset())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import io
 import re
 import tokenize
@@ -45,8 +46,10 @@ def leftovers(tree: ast.AST) -> tuple[set[str], set[str]]:
     return bound - read, selfs
 
 
-def _annotations(source: str) -> tuple[list[tuple[int, str]], set[int]]:
-    """(line, text) of every comment and docstring, and the lines docstrings span."""
+@functools.lru_cache(maxsize=64)
+def _annotations(source: str) -> tuple[tuple[tuple[int, str], ...], frozenset[int]]:
+    """(line, text) of every comment and docstring, and the lines docstrings span. Cached: a repair
+    is checked against each of its mutants."""
     out, doc_lines = [], set()
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -54,7 +57,7 @@ def _annotations(source: str) -> tuple[list[tuple[int, str]], set[int]]:
                 out.append((tok.start[0], " ".join(tok.string.split())))
         tree = parse_module(source)
     except (tokenize.TokenError, SyntaxError, IndentationError):
-        return out, doc_lines
+        return tuple(out), frozenset(doc_lines)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             doc = ast.get_docstring(node, clean=False)
@@ -62,10 +65,10 @@ def _annotations(source: str) -> tuple[list[tuple[int, str]], set[int]]:
                 first = node.body[0]
                 out.append((first.lineno, " ".join(doc.split())))
                 doc_lines.update(range(first.lineno, first.end_lineno + 1))
-    return out, doc_lines
+    return tuple(out), frozenset(doc_lines)
 
 
-def _fixed_lines(failing: str, repair: str, docs: tuple[set[int], set[int]]) -> tuple[set[int], set[int]]:
+def _fixed_lines(failing: str, repair: str, docs: tuple[frozenset[int], frozenset[int]]) -> tuple[set[int], set[int]]:
     """Lines (1-based) of each side inside a diff hunk that changes code: a hunk of comments or
     docstrings alone is no part of a fix. A rewrite (the two sides share under REWRITE_SHARE of
     their lines, as a plain-jax answer and a Pallas repair do) changes every line: the few lines
@@ -89,7 +92,7 @@ def _fixed_lines(failing: str, repair: str, docs: tuple[set[int], set[int]]) -> 
     return fixed_a, fixed_b
 
 
-def _unmatched(annotations: list[tuple[int, str]], other: str, changed: set[int]) -> list[tuple[int, str]]:
+def _unmatched(annotations: tuple[tuple[int, str], ...], other: str, changed: set[int]) -> list[tuple[int, str]]:
     """Annotations the other side does not say anywhere, outside the lines the diff changes."""
     flat = " ".join(other.split())
     return [(line, text) for line, text in annotations if line not in changed and text not in flat]
@@ -107,15 +110,23 @@ def row_giveaways(failing: str, repair: str) -> list[str]:
         return broken  # a truncated answer: what it leaves unread is cut off, not left over
     try:
         fail_unread, fail_selfs = leftovers(parse_module(failing))
-        repair_tree = parse_module(repair)
+        repair_read, repair_selfs = _read_names(repair)
     except SyntaxError:
         return broken  # an answer that does not parse has no names to read
-    repair_read = {n.id for n in ast.walk(repair_tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
     if fail_unread & repair_read:
         broken.append("dead_name")
-    if fail_selfs - leftovers(repair_tree)[1]:
+    if fail_selfs - repair_selfs:
         broken.append("self_assignment")
     return broken
+
+
+@functools.lru_cache(maxsize=64)
+def _read_names(source: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The names a kernel reads and those it assigns to themselves. Cached: a repair is checked
+    against each of its mutants."""
+    tree = parse_module(source)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    return frozenset(read), frozenset(leftovers(tree)[1])
 
 
 def masked_edit(failing: str, repair: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from data_gen.failures.edits import BugOperator, Mutant, Site, SourceModule
 from data_gen.failures.giveaways import leftovers
@@ -21,19 +21,48 @@ from tasks.spec import Task
 COMPOUND = "compound"
 
 
+@dataclass(frozen=True)
+class PendingMutant:
+    """A bug whose site is found but whose mutant is not made yet. Finding sites is cheap; making
+    a mutant (growing its site until no leftover remains, parsing the result) is most of the cost,
+    so a run that takes a few of a kernel's mutants makes only those (`MutationSource.items`)."""
+
+    module: SourceModule
+    operator: str
+    index: int
+    site: Site
+    variant: str
+    variant_key: str
+
+    def make(self) -> Mutant | None:
+        """The mutant, or None where the bug would leave a leftover or break the syntax."""
+        mutant = _mutant(self.module, self.operator, self.index, self.site, self.variant, self.variant_key)
+        if mutant is None or (operator(self.operator).parses and _spans_lines(self.site) and not _parses(mutant)):
+            return None
+        return mutant
+
+
+def pending_mutants(task: Task, operators: tuple[BugOperator, ...] = OPERATORS, kernel: str | None = None,
+                    variant: str = "solution", variant_key: str = "") -> list[PendingMutant]:
+    """Every bug site of a correct kernel of `task` (its solution unless `kernel`, a source, is
+    given), in operator order, none of them made yet."""
+    module = SourceModule(task.solution_source() if kernel is None else kernel, task)
+    return [PendingMutant(module, op.name, index, site, variant, variant_key)
+            for op in operators for index, site in enumerate(op.find(module))]
+
+
 def mutants(task: Task, operators: tuple[BugOperator, ...] = OPERATORS, kernel: str | None = None,
             variant: str = "solution", variant_key: str = "") -> list[Mutant]:
     """Every mutant of a correct kernel of `task` (its solution unless `kernel`, a source, is
     given), in operator order; unchanged or duplicate sources dropped."""
-    module = SourceModule(task.solution_source() if kernel is None else kernel, task)
-    out, seen = [], {module.source}
-    for op in operators:
-        for index, site in enumerate(op.find(module)):
-            mutant = _mutant(module, op.name, index, site, variant, variant_key)
-            if mutant is None or mutant.source in seen or (op.parses and _spans_lines(site) and not _parses(mutant)):
-                continue
-            seen.add(mutant.source)
-            out.append(mutant)
+    pending = pending_mutants(task, operators, kernel, variant, variant_key)
+    out, seen = [], {p.module.source for p in pending}  # the kernel unchanged is no mutant
+    for candidate in pending:
+        mutant = candidate.make()
+        if mutant is None or mutant.source in seen:
+            continue
+        seen.add(mutant.source)
+        out.append(mutant)
     return out
 
 

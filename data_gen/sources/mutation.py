@@ -18,7 +18,7 @@ from data_gen.catalogue.mix import target_mix
 from data_gen.failures.edits import BugOperator, Mutant
 from data_gen.failures.fingerprint import fingerprint
 from data_gen.failures.giveaways import row_giveaways
-from data_gen.failures.mutations import compound_with, mutants
+from data_gen.failures.mutations import PendingMutant, compound_with, pending_mutants
 from data_gen.failures.operators import OPERATORS, operator
 from data_gen.rows.dataset import round_robin
 from data_gen.rows.explanations import explain
@@ -66,11 +66,11 @@ class MutationSource:
         counts: Counter[str] = Counter()  # kinds taken so far, over all tasks
         for task in self.tasks:
             rng = random.Random(f"{self.seed}:{task.name}")
-            by_op: dict[str, dict[str, list[Mutant]]] = defaultdict(lambda: defaultdict(list))
+            by_op: dict[str, dict[str, list[PendingMutant]]] = defaultdict(lambda: defaultdict(list))
             for variant, source in self.kernels(task):
-                for mutant in mutants(task, self.operators, source, variant, _variant_key(variant, source)):
-                    by_op[mutant.operator][variant].append(mutant)
-            by_kind: dict[str, list[list[Mutant]]] = defaultdict(list)
+                for pending in pending_mutants(task, self.operators, source, variant, _variant_key(variant, source)):
+                    by_op[pending.operator][variant].append(pending)
+            by_kind: dict[str, list[list[PendingMutant]]] = defaultdict(list)
             for op in sorted(by_op, key=lambda name: rng.random()):
                 per_kernel = [rng.sample(ms, len(ms)) for ms in by_op[op].values()]
                 by_kind[kind_of_operator(op)].append(round_robin(per_kernel, 0))
@@ -141,19 +141,24 @@ def first_failure(task: Task, mutant: Mutant, grader: SeededGrading) -> tuple[Mu
     return candidate, verdict
 
 
-def _towards(queues: dict[str, list[Mutant]], target: dict[str, float], budget: int, counts: Counter[str],
+def _towards(queues: dict[str, list[PendingMutant]], target: dict[str, float], budget: int, counts: Counter[str],
              rng: random.Random) -> list[Mutant]:
     """Take `budget` mutants from the kinds' queues, each time from the kind whose count (over
     the whole run, `counts`, updated here) is furthest below its target share, and within it the
-    next mutant of the kernel used least so far (each kernel is a repair)."""
+    next mutant of the kernel used least so far (each kernel is a repair). A mutant is made when
+    it is taken; one that cannot be made, or repeats a source taken before, is passed over."""
     taken: list[Mutant] = []
     order = {kind: rng.random() for kind in queues}
     uses: Counter[str] = Counter()
+    seen = {p.module.source for queue in queues.values() for p in queue}  # the kernels unchanged
     while len(taken) < budget and any(queues.values()):
         total = sum(counts.values()) + 1
         kind = max((k for k, q in queues.items() if q), key=lambda k: (target.get(k, 0.0) * total - counts[k], order[k]))
         queue = queues[kind]
-        mutant = queue.pop(min(range(len(queue)), key=lambda i: (uses[queue[i].variant], i)))
+        mutant = queue.pop(min(range(len(queue)), key=lambda i: (uses[queue[i].variant], i))).make()
+        if mutant is None or mutant.source in seen:
+            continue
+        seen.add(mutant.source)
         taken.append(mutant)
         counts[kind] += 1
         uses[mutant.variant] += 1
