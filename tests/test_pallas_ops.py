@@ -1,5 +1,6 @@
-"""The Pallas stand-ins for XLA convolutions (data_gen/repairs/pallas_ops.py) and the repairer that
-puts them in place of a real attempt's `jax.lax.conv_*` calls (`work_outside`).
+"""The Pallas stand-ins for XLA convolutions and matmuls (data_gen/repairs/pallas_ops.py) and the
+repairer that puts them in place of a real attempt's `jax.lax.conv_*`, `jnp.matmul` and `jnp.dot`
+calls (`work_outside`).
 
 The stand-ins must compute what XLA computes for every argument real attempts pass: the cases
 below cover the layouts, strides, paddings (strings and pairs), dilations of both operands,
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from data_gen.repairs import repair_search
-from data_gen.repairs.pallas_ops import _verified_conv_general_dilated, _verified_conv_transpose
+from data_gen.repairs.pallas_ops import (_verified_conv_general_dilated, _verified_conv_transpose, _verified_jnp_dot,
+                                         _verified_jnp_matmul)
 from data_gen.repairs.repairers import repair
 from tasks import get_task
 
@@ -71,6 +73,34 @@ def test_the_transposed_convolution_stand_in_computes_what_xla_does(name):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
+MATMUL_CASES = {  # (a, b, preferred_element_type); 1030 rows and 1100 contracted: two blocks, padded
+    "2d": (_normal(37, 50), _normal(50, 29), None),
+    "rows folded, M padded": (_normal(2, 515, 8), _normal(8, 4), None),
+    "K over two blocks": (_normal(4, 1100), _normal(1100, 3), None),
+    "batched": (_normal(2, 3, 9, 20), _normal(2, 3, 20, 7), None),
+    "bf16 into f32": (_normal(16, 64).astype(jnp.bfloat16), _normal(64, 8).astype(jnp.bfloat16), jnp.float32),
+}
+
+
+@pytest.mark.parametrize("name", MATMUL_CASES)
+def test_the_matmul_stand_ins_compute_what_xla_does(name):
+    a, b, out_type = MATMUL_CASES[name]
+    want = jnp.matmul(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=out_type)
+    with pltpu.force_tpu_interpret_mode():
+        got = _verified_jnp_matmul(a, b, preferred_element_type=out_type)
+        dot = _verified_jnp_dot(a, b, preferred_element_type=out_type) if b.ndim == 2 else got
+    for out in (got, dot):
+        assert out.shape == want.shape and out.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), rtol=1e-4, atol=1e-4)
+
+
+def test_a_dot_that_is_no_matmul_is_refused_not_approximated():
+    with pytest.raises(NotImplementedError, match="dot of shapes"):
+        _verified_jnp_dot(_normal(2, 3, 4), _normal(2, 4, 5))  # jnp.dot: an outer product over batches
+    with pytest.raises(NotImplementedError, match="matmul of shapes"):
+        _verified_jnp_matmul(_normal(2, 3, 4), _normal(5, 4, 6))
+
+
 # The pattern of GPT-5.3's JAXBench convolutions: XLA's convolution outside, a Pallas epilogue.
 CONV_OUTSIDE = '''
 import jax
@@ -115,3 +145,44 @@ def test_a_convolution_left_to_xla_is_repaired_by_the_search_and_explained(evalu
     # nothing to move: a kernel with no XLA convolution, or one already repaired
     assert repair("work_outside", task.solution_source()) is None
     assert repair("work_outside", found.code) is None
+
+
+# GPT-5.3's JAXBench Gemm attempts (30_Gemm_GroupNorm_Hardtanh and others): the product in XLA,
+# the rest in a blocked Pallas kernel.
+MATMUL_OUTSIDE = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ROWS = 256
+
+
+def _cast(y_ref, o_ref):
+    o_ref[...] = y_ref[...].astype(o_ref.dtype)
+
+
+def kernel(x, w):
+    y = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    m, n = y.shape
+    return pl.pallas_call(
+        _cast, grid=(pl.cdiv(m, ROWS),),
+        in_specs=[pl.BlockSpec((ROWS, n), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((ROWS, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+    )(y)
+'''
+
+
+def test_a_matmul_left_to_xla_is_repaired_by_the_search_and_explained(evaluator):
+    task = get_task("matmul")
+    failing = evaluator.grade(task, MATMUL_OUTSIDE, seed=0)
+    assert failing.status == "work_outside_kernel", failing.message
+    found = repair_search.search(MATMUL_OUTSIDE, failing, lambda code: evaluator.grade(task, code, seed=0))
+    assert found.repaired, found.verdict.message
+    assert [e.repairer for e in found.edits] == ["work_outside"]
+    assert "y = _verified_jnp_matmul(x, w," in found.code
+    text = repair_search.explain(found.edits)
+    assert "The matmul ran in XLA: `jnp.matmul` (line 14) is called outside the Pallas kernel" in text
+    assert "convolution" not in text, text
+    from data_gen.rows.text_rules import violations
+    assert violations(failing.message, text, MATMUL_OUTSIDE) == []

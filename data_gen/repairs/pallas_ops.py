@@ -1,17 +1,19 @@
 """Pallas stand-ins for the XLA ops real attempts leave outside their kernels.
 
-A JAXBench attempt that calls `jax.lax.conv_general_dilated` or `jax.lax.conv_transpose` around
-its own Pallas epilogue does the task's heavy work in XLA, and our grader refuses it
-(`work_outside_kernel`). The `no_pallas` repairer (data_gen/repairs/repairers.py) replaces each
-such call by one of the functions below, with the same signature and semantics, and appends this
-module's code to the attempt: candidates are self-contained, so the code travels as text.
+A JAXBench attempt that calls `jax.lax.conv_general_dilated`, `jax.lax.conv_transpose`,
+`jnp.matmul` or `jnp.dot` around its own Pallas epilogue does the task's heavy work in XLA, and
+our grader refuses it (`work_outside_kernel`). The `work_outside` repairer
+(data_gen/repairs/repairers.py) replaces each such call by one of the functions below, with the
+same signature and semantics, and appends this module's code to the attempt: candidates are
+self-contained, so the code travels as text.
 
-The convolution is lowered the way TPU convolutions are written by hand: the input is padded
-and dilated (glue), each kernel tap's strided window is sliced out (glue: data movement, no
-arithmetic), and all the multiply-adds run in a Pallas matmul over (taps x input channels),
-one per feature group, with a float32 accumulator in VMEM. tests/test_pallas_ops.py checks
-both functions against XLA's over strides, dilations, paddings, groups, 1-3 spatial dims and
-layouts.
+All of them do their multiply-adds in one blocked Pallas matmul with a float32 accumulator in
+VMEM and a grid axis over batch elements. The convolution is lowered the way TPU convolutions are
+written by hand: the input is padded and dilated (glue), each kernel tap's strided window is
+sliced out (glue: data movement, no arithmetic), and the matmul runs over (taps x input
+channels), one per feature group. tests/test_pallas_ops.py checks each function against XLA's
+over the arguments real attempts pass (strides, dilations, paddings, groups, 1-3 spatial dims,
+layouts; batched and folded matmuls).
 """
 import math
 
@@ -31,13 +33,13 @@ _VERIFIED_BLOCK_K = 1024
 
 
 def _verified_matmul_kernel(a_ref, b_ref, o_ref, acc_ref):
-    @pl.when(pl.program_id(2) == 0)
+    @pl.when(pl.program_id(3) == 0)
     def _():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
 
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    @pl.when(pl.program_id(3) == pl.num_programs(3) - 1)
     def _():
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
@@ -52,29 +54,35 @@ def _verified_block(size, largest):
 
 
 def _verified_matmul(a, b, out_dtype):
-    """a[M, K] @ b[K, N] in a Pallas kernel, float32 accumulation. A dim larger than one block is
-    zero-padded to whole blocks (zeros add nothing to the sums) and the result cropped; small dims
-    are not padded, so the product that leaves the kernel is no larger than the result."""
-    m, k = a.shape
-    n = b.shape[1]
+    """a[M, K] @ b[K, N] in a Pallas kernel, float32 accumulation (_verified_batched_matmul)."""
+    return _verified_batched_matmul(a[None], b[None], out_dtype)[0]
+
+
+def _verified_batched_matmul(a, b, out_dtype):
+    """a[B, M, K] @ b[B, K, N] in a Pallas kernel, one product per batch element (a grid axis),
+    float32 accumulation. A dim larger than one block is zero-padded to whole blocks (zeros add
+    nothing to the sums) and the result cropped; small dims are not padded, so the product that
+    leaves the kernel is no larger than the result."""
+    batch, m, k = a.shape
+    n = b.shape[2]
     bm, mp = _verified_block(m, _VERIFIED_BLOCK_M)
     bn, np_ = _verified_block(n, _VERIFIED_BLOCK_N)
     bk, kp = _verified_block(k, _VERIFIED_BLOCK_K)
     if (mp, kp) != (m, k):
-        a = jnp.pad(a, ((0, mp - m), (0, kp - k)))
+        a = jnp.pad(a, ((0, 0), (0, mp - m), (0, kp - k)))
     if (kp, np_) != (k, n):
-        b = jnp.pad(b, ((0, kp - k), (0, np_ - n)))
+        b = jnp.pad(b, ((0, 0), (0, kp - k), (0, np_ - n)))
     out = pl.pallas_call(
         _verified_matmul_kernel,
-        grid=(mp // bm, np_ // bn, kp // bk),
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        grid=(batch, mp // bm, np_ // bn, kp // bk),
+        in_specs=[pl.BlockSpec((None, bm, bk), lambda g, i, j, kk: (g, i, kk)),
+                  pl.BlockSpec((None, bk, bn), lambda g, i, j, kk: (g, kk, j))],
+        out_specs=pl.BlockSpec((None, bm, bn), lambda g, i, j, kk: (g, i, j)),
+        out_shape=jax.ShapeDtypeStruct((batch, mp, np_), out_dtype),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
     )(a, b)
-    return out if (mp, np_) == (m, n) else out[:m, :n]
+    return out if (mp, np_) == (m, n) else out[:, :m, :n]
 
 
 def _verified_conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
@@ -176,8 +184,33 @@ def _verified_conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dime
                                           precision=precision, preferred_element_type=preferred_element_type)
 
 
+def _verified_jnp_matmul(a, b, precision=None, preferred_element_type=None):
+    """`jnp.matmul` for the operands attempts pass: a[..., M, K] @ b[K, N] (a's leading dims
+    folded into rows) or, with the same batch dims on both, one product per batch element."""
+    out_dtype = preferred_element_type or jnp.result_type(a, b)
+    if a.ndim >= 2 and b.ndim == 2:
+        out = _verified_matmul(a.reshape(-1, a.shape[-1]), b, out_dtype)
+        return out.reshape(*a.shape[:-1], b.shape[-1])
+    if a.ndim == b.ndim >= 3 and a.shape[:-2] == b.shape[:-2]:
+        out = _verified_batched_matmul(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype)
+        return out.reshape(*a.shape[:-1], b.shape[-1])
+    raise NotImplementedError(f"matmul of shapes {a.shape} and {b.shape}")
+
+
+def _verified_jnp_dot(a, b, precision=None, preferred_element_type=None):
+    """`jnp.dot` where it is a matmul: b two-dimensional (with more dims on b, dot is not a
+    batched product)."""
+    if b.ndim != 2:
+        raise NotImplementedError(f"dot of shapes {a.shape} and {b.shape}")
+    return _verified_jnp_matmul(a, b, precision, preferred_element_type)
+
+
 # what the repairer substitutes: the XLA call's dotted names -> the stand-in's name
 STAND_INS = {
+    "jnp.matmul": "_verified_jnp_matmul",
+    "jax.numpy.matmul": "_verified_jnp_matmul",
+    "jnp.dot": "_verified_jnp_dot",
+    "jax.numpy.dot": "_verified_jnp_dot",
     "jax.lax.conv_general_dilated": "_verified_conv_general_dilated",
     "lax.conv_general_dilated": "_verified_conv_general_dilated",
     "jax.lax.conv_transpose": "_verified_conv_transpose",

@@ -1085,13 +1085,13 @@ def _stand_in_code() -> str:
 
 
 def repair_work_outside(source: str, message: str = "") -> str | None:
-    """A convolution left to XLA outside the kernels (`jax.lax.conv_general_dilated`,
-    `jax.lax.conv_transpose`): call the verified Pallas stand-in of data_gen/repairs/pallas_ops.py
-    instead, same arguments, its code appended to the module."""
+    """A convolution or matmul left to XLA outside the kernels (`jax.lax.conv_general_dilated`,
+    `jax.lax.conv_transpose`, `jnp.matmul`, `jnp.dot`): call the verified Pallas stand-in of
+    data_gen/repairs/pallas_ops.py instead, same arguments, its code appended to the module."""
     from data_gen.repairs.pallas_ops import STAND_INS
 
     m = _parse(source)
-    if m is None or "_verified_conv_general_dilated" in source:
+    if m is None or "_verified_matmul_kernel" in source:
         return None
     for call in m.calls(*STAND_INS):
         if m.kernel_of_node(call) is None and not any(k.arg == "batch_group_count" for k in call.keywords):
@@ -1099,14 +1099,23 @@ def repair_work_outside(source: str, message: str = "") -> str | None:
     if not m.edits:
         return None
     m.edits.append((len(source), len(source), ("" if source.endswith("\n") else "\n")
-                    + "\n\n# Verified Pallas convolution (multiply-adds in a Pallas matmul over kernel taps)\n"
-                    + _stand_in_code() + "\n"))
+                    + "\n\n# Verified Pallas stand-ins for XLA's convolutions and matmuls (multiply-adds in a "
+                      "blocked Pallas matmul)\n" + _stand_in_code() + "\n"))
     return m.result()
 
 
+# How each stand-in does the work, for a pair's explanation.
+_STAND_IN_WORK = {
+    "convolution": ("it pads and dilates the input and slices out each kernel tap's strided window outside the "
+                    "kernel (data movement, no arithmetic), then runs every multiply-add in a blocked Pallas "
+                    "matmul over (taps x input channels), one per feature group"),
+    "matmul": "it runs the product in a blocked Pallas matmul, one grid axis per batch element",
+}
+
+
 def describe_work_outside(before: str, after: str, message: str) -> str:
-    """What repair_work_outside did, for a pair's explanation: which XLA convolutions (by line)
-    now call which stand-in, and why that is the fix."""
+    """What repair_work_outside did, for a pair's explanation: which XLA convolutions or matmuls
+    (by line) now call which stand-in, and why that is the fix."""
     from data_gen.repairs.pallas_ops import STAND_INS
 
     old, new = _parse(before), _parse(after)
@@ -1117,17 +1126,18 @@ def describe_work_outside(before: str, after: str, message: str) -> str:
     replaced = [(line, name) for line, name in replaced if line not in kept]
     if not replaced:
         return ""
+    ops = sorted({"convolution" if "conv" in name else "matmul" for _, name in replaced})
+    what = " and ".join(ops)
     calls = ", ".join(f"`{name}` (line {line})" for line, name in replaced)
     stand_ins = ", ".join(sorted({STAND_INS[n] for _, n in replaced}))
+    how = "; for a ".join(f"{op}, {_STAND_IN_WORK[op]}" for op in ops)
     # Stand-in names stay out of code spans: an explanation's spans name only what the failing
     # kernel holds (data_gen/rows/text_rules.py).
-    return (f"The convolution ran in XLA: {calls} is called outside the Pallas kernel, which only did the "
-            "cheap element-wise part. A convolution is this task's heavy work, and the grader counts work "
-            f"only where a kernel does it. Fix: call the same convolution written in Pallas ({stand_ins}, "
-            "same arguments, its code added at the end of the module): it pads and dilates the input and "
-            "slices out each kernel tap's strided window outside the kernel (data movement, no arithmetic), "
-            "then runs every multiply-add in a blocked Pallas matmul over (taps x input channels), one per "
-            "feature group, accumulating in float32 in a VMEM scratch buffer.")
+    return (f"The {what} ran in XLA: {calls} {'is' if len(replaced) == 1 else 'are'} called outside the Pallas "
+            f"kernel, which does only the rest of the work. A {what} is this task's heavy work, and the grader "
+            f"counts work only where a kernel does it. Fix: call the same {what} written in Pallas ({stand_ins}, "
+            f"same arguments, its code added at the end of the module). For a {how}; every product accumulates "
+            "in float32 in a VMEM scratch buffer.")
 
 
 # How a repair is told in a pair's explanation, where a list of changed lines would not say it:
