@@ -229,6 +229,23 @@ def test_wrong_values():
     assert repair("wrong_values", src) == SOFTMAX
 
 
+def test_a_floor_grid_named_before_the_call_is_rounded_up():
+    """GPT-5.3's JAXBench 56_conv_standard_2D: `grid_m = rows // block_m` named, then
+    `grid=(grid_m, grid_n)`; the last partial block of rows was never written."""
+    src = """
+def kernel(x):
+    block_m = 512
+    grid_m = x.shape[0] // block_m
+    grid_n = x.shape[1] // 128
+    return pl.pallas_call(copy_kernel, out_shape=x, grid=(grid_m, grid_n), in_specs=[spec], out_specs=spec)(x)
+"""
+    fixed = repair("wrong_values", src)
+    assert fixed is not None
+    assert "grid_m = pl.cdiv(x.shape[0], block_m)" in fixed and "grid_n = pl.cdiv(x.shape[1], 128)" in fixed
+    twice = src.replace("    grid_n = x.shape[1] // 128\n", "    grid_n = x.shape[1] // 128\n    grid_n = 1\n")
+    assert "pl.cdiv(x.shape[1], 128)" not in repair("wrong_values", twice)  # which value reaches the grid is unclear
+
+
 def test_prose_in_code():
     src = _sub(SOFTMAX, "BLOCK_ROWS = 512\n", "Here is the kernel:\n```python\nBLOCK_ROWS = 512\n")
     src = _sub(src, "def kernel(x):\n", "**Note:** the rows are tiled.\ndef kernel(x):\n")

@@ -960,11 +960,17 @@ def repair_wrong_values(m: _Module, message: str) -> None:
             continue  # the dims are padded to whole blocks: a floor grid is exact
         if re.search(r"%\s*\w+\s*==\s*0", m.source):
             continue  # blocks chosen to divide their dims
-        if isinstance(grid, ast.Name):
-            grid = next((a.value for a in m.nodes(ast.Assign) if m.function_of(a) is func and len(a.targets) == 1
-                         and isinstance(a.targets[0], ast.Name) and a.targets[0].id == grid.id), None)
+        def assigned(node: ast.expr | None) -> ast.expr | None:
+            """A name's value where the grid's function assigns it once (`grid_m = m // bm`)."""
+            if not isinstance(node, ast.Name):
+                return node
+            values = [a.value for a in m.nodes(ast.Assign) if m.function_of(a) is func and len(a.targets) == 1
+                      and isinstance(a.targets[0], ast.Name) and a.targets[0].id == node.id]
+            return values[0] if len(values) == 1 else None
+
+        grid = assigned(grid)
         elts = grid.elts if isinstance(grid, ast.Tuple) else [grid] if grid is not None else []
-        for e in elts:
+        for e in map(assigned, elts):
             if isinstance(e, ast.BinOp) and isinstance(e.op, ast.FloorDiv):
                 m.rewrite(e, f"pl.cdiv({m.text(e.left)}, {m.text(e.right)})")
 
@@ -1093,8 +1099,10 @@ def repair_work_outside(source: str, message: str = "") -> str | None:
     m = _parse(source)
     if m is None or "_verified_matmul_kernel" in source:
         return None
+    inside = _kernel_helpers(m)
     for call in m.calls(*STAND_INS):
-        if m.kernel_of_node(call) is None and not any(k.arg == "batch_group_count" for k in call.keywords):
+        if (m.kernel_of_node(call) is None and m.function_of(call) not in inside
+                and not any(k.arg == "batch_group_count" for k in call.keywords)):
             m.rewrite(call.func, STAND_INS[dotted_name(call.func)])
     if not m.edits:
         return None
@@ -1102,6 +1110,21 @@ def repair_work_outside(source: str, message: str = "") -> str | None:
                     + "\n\n# Verified Pallas stand-ins for XLA's convolutions and matmuls (multiply-adds in a "
                       "blocked Pallas matmul)\n" + _stand_in_code() + "\n"))
     return m.result()
+
+
+def _kernel_helpers(m: _Module) -> set[ast.FunctionDef]:
+    """Functions a kernel body calls, directly or through each other (a `_dot` helper): their
+    products already run inside the kernel."""
+    by_name = {f.name: f for f in m.nodes(ast.FunctionDef)}
+    found: set[ast.FunctionDef] = set()
+    todo = list(m.kernels)
+    while todo:
+        for call in (n for n in ast.walk(todo.pop()) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+            helper = by_name.get(call.func.id)
+            if helper is not None and helper not in found and helper not in m.kernels:
+                found.add(helper)
+                todo.append(helper)
+    return found
 
 
 # How each stand-in does the work, for a pair's explanation.
