@@ -129,24 +129,6 @@ def kernel(x, w):
 '''
 
 
-def test_a_convolution_left_to_xla_is_repaired_by_the_search_and_explained(evaluator):
-    task = get_task("conv1d")
-    failing = evaluator.grade(task, CONV_OUTSIDE, seed=0)
-    assert failing.status == "work_outside_kernel", failing.message
-    found = repair_search.search(CONV_OUTSIDE, failing, lambda code: evaluator.grade(task, code, seed=0))
-    assert found.repaired, found.verdict.message
-    assert [e.repairer for e in found.edits] == ["work_outside"]
-    assert "y = _verified_conv_general_dilated(x, w," in found.code and "y = jax.lax.conv" not in found.code
-    text = repair_search.explain(found.edits)
-    assert "`jax.lax.conv_general_dilated` (line 14)" in text
-    assert "outside the Pallas kernel" in text and "Pallas matmul" in text
-    from data_gen.rows.text_rules import violations
-    assert violations(failing.message, text, CONV_OUTSIDE) == []
-    # nothing to move: a kernel with no XLA convolution, or one already repaired
-    assert repair("work_outside", task.solution_source()) is None
-    assert repair("work_outside", found.code) is None
-
-
 # GPT-5.3's JAXBench Gemm attempts (30_Gemm_GroupNorm_Hardtanh and others): the product in XLA,
 # the rest in a blocked Pallas kernel.
 MATMUL_OUTSIDE = '''
@@ -173,16 +155,32 @@ def kernel(x, w):
 '''
 
 
-def test_a_matmul_left_to_xla_is_repaired_by_the_search_and_explained(evaluator):
-    task = get_task("matmul")
-    failing = evaluator.grade(task, MATMUL_OUTSIDE, seed=0)
+# (task, attempt, its call to XLA, that call after the repair, how the explanation names it, the
+# op it must not name)
+LEFT_TO_XLA = {
+    "convolution": ("conv1d", CONV_OUTSIDE, "y = jax.lax.conv", "y = _verified_conv_general_dilated(x, w,",
+                    "The convolution ran in XLA: `jax.lax.conv_general_dilated` (line 14)", "matmul ran"),
+    "matmul": ("matmul", MATMUL_OUTSIDE, "y = jnp.matmul", "y = _verified_jnp_matmul(x, w,",
+               "The matmul ran in XLA: `jnp.matmul` (line 14)", "convolution"),
+}
+
+
+@pytest.mark.parametrize("op", LEFT_TO_XLA)
+def test_work_left_to_xla_is_repaired_by_the_search_and_explained(evaluator, op):
+    from data_gen.rows.text_rules import violations
+
+    name, source, xla_call, repaired_call, told, not_told = LEFT_TO_XLA[op]
+    task = get_task(name)
+    failing = evaluator.grade(task, source, seed=0)
     assert failing.status == "work_outside_kernel", failing.message
-    found = repair_search.search(MATMUL_OUTSIDE, failing, lambda code: evaluator.grade(task, code, seed=0))
+    found = repair_search.search(source, failing, lambda code: evaluator.grade(task, code, seed=0))
     assert found.repaired, found.verdict.message
     assert [e.repairer for e in found.edits] == ["work_outside"]
-    assert "y = _verified_jnp_matmul(x, w," in found.code
+    assert repaired_call in found.code and xla_call not in found.code
     text = repair_search.explain(found.edits)
-    assert "The matmul ran in XLA: `jnp.matmul` (line 14) is called outside the Pallas kernel" in text
-    assert "convolution" not in text, text
-    from data_gen.rows.text_rules import violations
-    assert violations(failing.message, text, MATMUL_OUTSIDE) == []
+    assert f"{told} is called outside the Pallas kernel" in text and "Pallas matmul" in text
+    assert not_told not in text, text
+    assert violations(failing.message, text, source) == []
+    # nothing to move: a kernel with no XLA convolution or matmul, or one already repaired
+    assert repair("work_outside", task.solution_source()) is None
+    assert repair("work_outside", found.code) is None
