@@ -279,7 +279,8 @@ def _run(args: argparse.Namespace, console: Any, start: float, suite: Any) -> di
     real = args.source not in ("mutation", "model")
     summary = write_dataset(rows, args.out_dir / args.name, args.name, args.validation_fraction,
                             description=_description(args, suite), task_of=suite.task if suite else get_task,
-                            sections=Yield.of(attempts, rows).card_section() if real else "",
+                            sections=(Yield.of(attempts, rows, items, answer_limit(suite)).card_section()
+                                      if real else ""),
                             license="other" if suite else "apache-2.0")
     elapsed = time.perf_counter() - start
     report = {"attempts": len(attempts), "verified_pairs": len(pairs), "unique": len(unique), "kept": len(rows),
@@ -291,6 +292,13 @@ def _run(args: argparse.Namespace, console: Any, start: float, suite: Any) -> di
               "graded_this_run": len(todo), "seconds": elapsed, "path": str(summary.path)}
     _print_summary(console, report, attempts, summary)
     return report
+
+
+def answer_limit(suite: Any) -> int | None:
+    """The output tokens the checkout's models were allowed per answer, where it says."""
+    from suites.attempts import answer_token_limit
+
+    return answer_token_limit(suite.root) if suite is not None else None
 
 
 def _description(args: argparse.Namespace, suite: Any) -> str:

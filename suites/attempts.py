@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 GENERATED = Path("pallas_eval") / "generated"
 RESULTS = Path("pallas_eval") / "results"
+GENERATOR = Path("pallas_eval") / "generate.py"  # their script that asked the models for the kernels
 PRIORITY_GROUP = "priority_kernels"
 LEVEL_PREFIX = "jaxkernelbench_"
 
@@ -99,6 +100,17 @@ def models(root: Path) -> list[str]:
     """The model folders under pallas_eval/generated, in name order."""
     folder = root / GENERATED
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+_TOKEN_LIMIT = re.compile(r"\bmax_(?:completion|output)_tokens\s*=\s*(\d+)")
+
+
+def answer_token_limit(root: Path) -> int | None:
+    """The output tokens their generation script allowed each answer (it passes
+    `max_completion_tokens` / `max_output_tokens` to the model's API), when it names one figure."""
+    path = root / GENERATOR
+    limits = {int(v) for v in _TOKEN_LIMIT.findall(path.read_text(errors="replace"))} if path.is_file() else set()
+    return limits.pop() if len(limits) == 1 else None
 
 
 def task_name(group: str, stem: str) -> str | None:

@@ -77,11 +77,11 @@ def test_a_failure_at_a_later_stage_is_progress_an_earlier_one_is_not():
 def test_the_explanation_lists_every_kept_edit_in_order_with_its_lines():
     first = repair_search.Edit("undefined_name", "undefined_name", "lowering_error", "a = 1\nb = 2\n",
                                "import jax.numpy as jnp\na = 1\nb = 2\n")
-    second = repair_search.Edit("block_alignment", "block_alignment", "lowering_error", first.after,
-                                "import jax.numpy as jnp\na = 1\nb = 128\n")
+    second = repair_search.Edit("shape_error", "shape_error", "lowering_error", first.after,
+                                "import jax.numpy as jnp\na = 1\nb = 128\n")  # an edit no describer tells
     text = repair_search.explain([first, second])
     lines = text.splitlines()
     assert lines[0].startswith("2 fixes")
     assert lines[1] == "1. A name used but never imported or defined. Fix: add `import jax.numpy as jnp`."
-    assert lines[2].startswith("2. A block whose last two dims") and lines[2].endswith(
+    assert lines[2].startswith("2. Shapes that do not agree") and lines[2].endswith(
         "Fix: write `b = 128` in place of `b = 2`.")

@@ -215,6 +215,23 @@ def test_block_rank():
         "in_specs=[pl.BlockSpec((None, d), lambda i: (i, 0))]")
 
 
+def test_block_rank_where_the_index_map_already_walks_every_dim():
+    """GPT-5.3's 3_Batched_matrix_multiplication: 2-D blocks of 3-D arrays, 3-D index maps, 2-D
+    reads in the kernel. Every block one dim short gets the squeezed leading dim, named or not."""
+    src = ("def bmm(a, b):\n"
+           "    return pl.pallas_call(kernel, grid=(batch, m // bm, n // bn),\n"
+           "        in_specs=[pl.BlockSpec((bm, k), lambda b, i, j: (b, i, 0)),\n"
+           "                  pl.BlockSpec((k, bn), lambda b, i, j: (b, 0, j))],\n"
+           "        out_specs=pl.BlockSpec((bm, bn), lambda b, i, j: (b, i, j)),\n"
+           "        out_shape=out)(a, b)\n")
+    message = ("ValueError: Block shape for args[0] (= (Blocked(block_size=128), Blocked(block_size=256))) must "
+               "have the same number of dimensions as the array shape (128, 256, 256)")
+    fixed = repair("block_rank", src, message)
+    assert fixed == src.replace("((bm, k)", "((None, bm, k)").replace("((k, bn)", "((None, k, bn)").replace(
+        "((bm, bn)", "((None, bm, bn)")
+    assert repair("block_rank", fixed, message) is None  # nothing short any more
+
+
 def test_interpret_flag():
     src = _sub(SOFTMAX, "    )(x)\n", "        interpret=True,\n    )(x)\n")
     assert repair("interpret_flag", src) == SOFTMAX

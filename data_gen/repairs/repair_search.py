@@ -9,9 +9,11 @@ from the next failure, until the kernel is graded correct or the budget of gradi
 An edit is kept only when the grader sees a change for the better: correct, or a failure at a
 later stage, or another failure at the same stage (a fix that uncovers the next bug). An edit
 that changes nothing the grader sees, or fails earlier, is undone, and the next repairer that
-has a site in the kernel is tried. The explanation lists the kept edits, each with the failure
-it answered and the lines it changed: true by construction, since each is a graded step of the
-diff from the failing kernel to the repair.
+has a site in the kernel is tried. The explanation tells the kept edits in order, each with the
+failure it answered: in a reviewer's prose where data_gen/repairs/descriptions.py knows the edit
+(its claims checked against the edit and the verdict), else as the lines it changed. Both are
+true by construction, since each edit is a graded step of the diff from the failing kernel to the
+repair.
 
 A truncated answer (the model stopped mid-code) has no repair without a model: its intent is
 gone. It is recognised and not searched.
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from data_gen.catalogue.kinds import KIND_NAMES, classify, kind
-from data_gen.repairs.repairers import DESCRIPTIONS, repair
+from data_gen.repairs.descriptions import DESCRIPTIONS
+from data_gen.repairs.repairers import repair
 from evaluator.candidate.policy import parse_module
 from evaluator.record import Status, Verdict
 from evaluator.stages import STAGE_ORDER
@@ -156,7 +159,8 @@ def _hunk_sentence(removed: list[str], added: list[str]) -> str:
 def explain(edits: list[Edit]) -> str:
     """One numbered item per kept edit: the failure it answers (the kind's summary) and the
     lines it changes, in the order they were applied; a repairer whose edit a list of lines would
-    not explain (a stand-in kernel added) tells it in its own words (repairers.DESCRIPTIONS)."""
+    not explain as well as prose (a stand-in kernel added, a grid rounded up) is told in a
+    reviewer's words (descriptions.DESCRIPTIONS)."""
     items = []
     for n, edit in enumerate(edits, 1):
         told = DESCRIPTIONS[edit.repairer](edit.before, edit.after, edit.message) if edit.repairer in DESCRIPTIONS else ""

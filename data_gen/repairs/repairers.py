@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 from data_gen.catalogue.kinds import KINDS
 from data_gen.failures.edits import STANDARD_IMPORTS, SourceModule, dotted_name
@@ -27,7 +28,7 @@ Repairer = Callable[[str, str], "str | None"]
 # --- a small text-edit engine ---------------------------------------------------------------------
 
 
-class _Module(SourceModule):
+class RepairModule(SourceModule):
     """A kernel's source read for repair: the edit engine's view of it, plus the text edits a
     repairer records (by offset) and applies at the end."""
 
@@ -76,18 +77,18 @@ class _Module(SourceModule):
         return found
 
 
-def _parse(source: str) -> _Module | None:
+def parse_source(source: str) -> RepairModule | None:
     try:
-        return _Module(source)
+        return RepairModule(source)
     except SyntaxError:
         return None
 
 
-def _with_module(fn: Callable[[_Module, str], None]) -> Repairer:
+def _with_module(fn: Callable[[RepairModule, str], None]) -> Repairer:
     """A repairer from a function that records edits on the module."""
 
     def repairer(source: str, message: str = "") -> str | None:
-        m = _parse(source)
+        m = parse_source(source)
         if m is None:
             return None
         fn(m, message or "")
@@ -98,7 +99,7 @@ def _with_module(fn: Callable[[_Module, str], None]) -> Repairer:
     return repairer
 
 
-def _delete_keyword(m: _Module, kw: ast.keyword) -> None:
+def _delete_keyword(m: RepairModule, kw: ast.keyword) -> None:
     """Delete `kw=value,` and, when it had the line(s) to itself, the line."""
     line = m.lines[kw.lineno - 1]
     head = m._bytes[kw.lineno - 1][:kw.col_offset].decode()
@@ -123,7 +124,7 @@ def _delete_keyword(m: _Module, kw: ast.keyword) -> None:
 
 # --- block sizes: which literals feed a BlockSpec ------------------------------------------------
 
-def _blockspec_shapes(m: _Module) -> Iterator[ast.AST]:
+def _blockspec_shapes(m: RepairModule) -> Iterator[ast.AST]:
     for call in m.calls("pl.BlockSpec"):
         if call.args and not isinstance(call.args[0], ast.Lambda):
             yield call.args[0]
@@ -141,7 +142,7 @@ def _names_in(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _feeding_expressions(m: _Module) -> list[ast.AST]:
+def _feeding_expressions(m: RepairModule) -> list[ast.AST]:
     """Expressions whose value flows into a block shape (name-based, scope-insensitive)."""
     shapes = list(_blockspec_shapes(m))
     names: set[str] = set()
@@ -211,7 +212,7 @@ def _feeding_expressions(m: _Module) -> list[ast.AST]:
     return exprs
 
 
-def _block_literals(m: _Module) -> list[tuple[ast.Constant, bool]]:
+def _block_literals(m: RepairModule) -> list[tuple[ast.Constant, bool]]:
     """Int literals used as block sizes, each with whether it is the last dim of a shape tuple."""
     shapes = {id(s) for s in _blockspec_shapes(m)}
     out, seen = [], set()
@@ -230,7 +231,7 @@ def _block_literals(m: _Module) -> list[tuple[ast.Constant, bool]]:
     return out
 
 
-def _ancestors(m: _Module, node: ast.AST, stop: ast.AST) -> Iterator[ast.AST]:
+def _ancestors(m: RepairModule, node: ast.AST, stop: ast.AST) -> Iterator[ast.AST]:
     while node is not stop and node in m.parent:
         node = m.parent[node]
         yield node
@@ -245,7 +246,7 @@ def _round_up(value: int, multiple: int) -> int:
 _REFUSED_BLOCK = re.compile(r"block shape \(([^()]*(?:\([^()]*\)[^()]*)*)\), array shape \(([\d, ]+)\)")
 
 
-def _refused_block(message: str) -> tuple[list[int], list[int]] | None:
+def refused_block(message: str) -> tuple[list[int], list[int]] | None:
     """(block sizes, array shape) of the block Mosaic's refusal names, when it names one of the
     array's rank (at least 2)."""
     found = _REFUSED_BLOCK.search(message)
@@ -260,7 +261,7 @@ def _misaligned_sizes(message: str) -> dict[int, int]:
     """From a refusal message, each block size that breaks the (8, 128) rule, with the multiple
     it rounds up to: the last dim to 128, the one before to 8 (sizes under 8 stay: a block of
     one row is a layout, not a typo)."""
-    refused = _refused_block(message)
+    refused = refused_block(message)
     if refused is None:
         return {}
     block, array = refused
@@ -272,9 +273,9 @@ def _misaligned_sizes(message: str) -> dict[int, int]:
     return sizes
 
 
-def _row_block_refused(message: str) -> bool:
+def row_block_refused(message: str) -> bool:
     """Mosaic refused a block of one row (second-minor size 1) of an array with more rows."""
-    refused = _refused_block(message)
+    refused = refused_block(message)
     return refused is not None and refused[0][-2] == 1 and refused[1][-2] > 1
 
 
@@ -284,7 +285,7 @@ _ROW_REDUCTIONS = ("jnp.sum", "jnp.mean", "jnp.max", "jnp.min", "jnp.var", "jnp.
                    "jax.nn.logsumexp", "jax.scipy.special.logsumexp")
 
 
-def _assigned_tuple(m: _Module, node: ast.AST) -> ast.AST:
+def _assigned_tuple(m: RepairModule, node: ast.AST) -> ast.AST:
     """A name bound once to a tuple, as that tuple; anything else as itself."""
     if not isinstance(node, ast.Name):
         return node
@@ -307,7 +308,7 @@ def _row_walk(call: ast.Call) -> tuple[ast.AST, int] | None:
     return shape, params.index(first.id)
 
 
-def _repair_row_blocks(m: _Module) -> None:
+def _repair_row_blocks(m: RepairModule) -> None:
     """Blocks of one row, (1, D), become blocks of ROWS_PER_BLOCK rows: the block, the grid
     axis that walks the rows (cdiv), and the row kernels (`ref[0, :]` -> `ref[...]`, each
     reduction along the row with its dim kept)."""
@@ -349,7 +350,7 @@ def _repair_row_blocks(m: _Module) -> None:
                 _reduce_along_rows(m, call)
 
 
-def _reduce_along_rows(m: _Module, call: ast.Call) -> None:
+def _reduce_along_rows(m: RepairModule, call: ast.Call) -> None:
     """`jnp.sum(x)` / `jnp.sum(x, axis=0)` -> `jnp.sum(x, axis=-1, keepdims=True)`, editing only
     the axis and keepdims arguments (the operand may hold edits of its own)."""
     wanted = {"axis": "-1", "keepdims": "True"}
@@ -364,11 +365,11 @@ def _reduce_along_rows(m: _Module, call: ast.Call) -> None:
 
 
 @_with_module
-def repair_block_alignment(m: _Module, message: str) -> None:
+def repair_block_alignment(m: RepairModule, message: str) -> None:
     """Round block-size literals that are not multiples of (8, 128) up to a multiple of 128;
     with Mosaic's refusal, the sizes it names, wherever such a literal feeds a block shape, and
     a block of one row becomes a block of eight (_repair_row_blocks)."""
-    if _row_block_refused(message):
+    if row_block_refused(message):
         _repair_row_blocks(m)
         return
     named = _misaligned_sizes(message)
@@ -382,18 +383,18 @@ def repair_block_alignment(m: _Module, message: str) -> None:
 
 # Our VMEM refusal: "needs at least 48.0 MiB of VMEM ... over the default scoped VMEM limit of 32 MiB
 # on v6e", or "... over vmem_limit_bytes=62914560 (physical 128 MiB)" when the kernel set a limit.
-_OVER_LIMIT = re.compile(r"needs at least ([\d.]+) MiB of VMEM.*over (?:the default scoped VMEM limit of [\d.]+ MiB "
+OVER_LIMIT = re.compile(r"needs at least ([\d.]+) MiB of VMEM.*over (?:the default scoped VMEM limit of [\d.]+ MiB "
                          r"on (\w+)|vmem_limit_bytes=\d+ \(physical (\d+) MiB\))", re.S)
 VMEM_HEADROOM = 1.25  # the limit asked for, over the bytes the blocks need: the compiler's own scratch
 
 
-def _raise_scoped_limit(m: _Module, message: str) -> bool:
+def _raise_scoped_limit(m: RepairModule, message: str) -> bool:
     """Blocks over the scoped VMEM limit that fit the chip: ask for a limit that holds them, in
     whole MiB, when it stays within three quarters of the chip's VMEM: the kernel's own
     `vmem_limit_bytes` raised, or `compiler_params=pltpu.CompilerParams(vmem_limit_bytes=...)`."""
     from evaluator.performance.hardware import GENERATIONS, MiB
 
-    found = _OVER_LIMIT.search(message)
+    found = OVER_LIMIT.search(message)
     if found is None:
         return False
     generation = GENERATIONS.get(found.group(2) or "")
@@ -416,7 +417,7 @@ def _raise_scoped_limit(m: _Module, message: str) -> bool:
     return True
 
 
-def _append_argument(m: _Module, call: ast.Call, text: str) -> None:
+def _append_argument(m: RepairModule, call: ast.Call, text: str) -> None:
     """Add `text` as the call's last argument, right after the current last one (a trailing
     comma and the closing parenthesis stay where they are)."""
     last = max([*call.args, *(k.value for k in call.keywords)], key=lambda n: (n.end_lineno, n.end_col_offset),
@@ -430,7 +431,7 @@ def _append_argument(m: _Module, call: ast.Call, text: str) -> None:
 
 
 @_with_module
-def repair_vmem_exhaustion(m: _Module, message: str) -> None:
+def repair_vmem_exhaustion(m: RepairModule, message: str) -> None:
     """Blocks over the default scoped VMEM limit that fit the chip: raise the limit. Otherwise
     halve the largest block-size literal (>= 256) feeding a BlockSpec. Any kernel with blocks
     has one, so with a message, only when it is about memory."""
@@ -455,7 +456,7 @@ def repair_vmem_exhaustion(m: _Module, message: str) -> None:
 _TRACED_CALLS = ("pl.program_id", "pl.num_programs")
 
 
-def _static_names(m: _Module, func: ast.FunctionDef) -> set[str]:
+def _static_names(m: RepairModule, func: ast.FunctionDef) -> set[str]:
     """Names in a kernel that are Python values at trace time: module constants, the kernel's
     non-ref parameters (bound by functools.partial) and locals computed only from those."""
     static = {t.id for a in m.tree.body if isinstance(a, ast.Assign) for t in a.targets if isinstance(t, ast.Name)}
@@ -508,7 +509,7 @@ def _under_shape(name: ast.Name, expr: ast.AST) -> bool:
     return False
 
 
-def _traced(m: _Module, expr: ast.AST) -> bool:
+def _traced(m: RepairModule, expr: ast.AST) -> bool:
     func = m.kernel_of_node(expr)
     if func is None:
         return False
@@ -520,7 +521,7 @@ def _traced(m: _Module, expr: ast.AST) -> bool:
 
 
 @_with_module
-def repair_traced_bool(m: _Module, message: str) -> None:
+def repair_traced_bool(m: RepairModule, message: str) -> None:
     """`a if c else b` -> `jnp.where(c, a, b)`; `if c:` on a traced value -> a `@pl.when(c)` function."""
     for node in m.nodes(ast.IfExp):
         if m.in_kernel(node) and _traced(m, node.test):
@@ -544,7 +545,7 @@ def _same(a: ast.AST, b: ast.AST) -> bool:
     return ast.dump(a) == ast.dump(b)
 
 
-def _slice_size(m: _Module, lo: ast.AST, hi: ast.AST) -> str | None:
+def _slice_size(m: RepairModule, lo: ast.AST, hi: ast.AST) -> str | None:
     """The size of lo:hi when it simplifies to an expression free of lo's traced part."""
     # a:a + n  /  a:n + a
     if isinstance(hi, ast.BinOp) and isinstance(hi.op, ast.Add):
@@ -564,7 +565,7 @@ def _slice_size(m: _Module, lo: ast.AST, hi: ast.AST) -> str | None:
 
 
 @_with_module
-def repair_traced_index(m: _Module, message: str) -> None:
+def repair_traced_index(m: RepairModule, message: str) -> None:
     """`x_ref[a:a + n]`, `x_ref[i * n:(i + 1) * n]` with traced bounds -> `x_ref[pl.ds(a, n)]`;
     a block loaded whole and then sliced, `x_ref[...][a:a + n]`, reads the window from the ref."""
     for sub in m.nodes(ast.Subscript):
@@ -606,8 +607,9 @@ def _int_value(node: ast.AST | None) -> int | None:
 
 
 @_with_module
-def repair_unsupported_op(m: _Module, message: str) -> None:
-    """`jnp.cumsum(x, axis=A)[..., -1:]` -> `jnp.sum(x, axis=A, keepdims=True)` (sort/max likewise)."""
+def repair_unsupported_op(m: RepairModule, message: str) -> None:
+    """`jnp.cumsum(x, axis=A)[..., -1:]` -> `jnp.sum(x, axis=A, keepdims=True)` (sort/max likewise);
+    any other cumsum in a kernel -> a blocked scan (_scan_in_kernels)."""
     for sub in m.nodes(ast.Subscript):
         call = sub.value
         if not (isinstance(call, ast.Call) and dotted_name(call.func) in ("jnp.cumsum", "jnp.sort") and call.args):
@@ -630,6 +632,37 @@ def repair_unsupported_op(m: _Module, message: str) -> None:
             continue
         name = "jnp.sum" if dotted_name(call.func) == "jnp.cumsum" else "jnp.max"
         m.rewrite(sub, f"{name}({m.text(call.args[0])}, axis={m.text(axis)}, keepdims=True)")
+    _scan_in_kernels(m)
+
+
+_FLIPS = ("jnp.flip", "jax.numpy.flip")
+
+
+def _scan_in_kernels(m: RepairModule) -> None:
+    """`jnp.cumsum(x, axis=A)` in a kernel -> `_verified_cumsum(x, axis=A)`, a blocked scan Mosaic
+    lowers (data_gen/repairs/kernel_ops.py, its code appended once); the reversed sum
+    `jnp.flip(jnp.cumsum(jnp.flip(x, axis=A), axis=A), axis=A)` -> `reverse=True`."""
+    from data_gen.repairs import kernel_ops
+
+    if "def _verified_cumsum" in m.source:
+        return
+    before = len(m.edits)
+    for call in m.calls(*_FLIPS):
+        scan = call.args[0] if call.args else None
+        if not (m.in_kernel(call) and isinstance(scan, ast.Call) and dotted_name(scan.func) in kernel_ops.STAND_INS
+                and scan.args and isinstance(scan.args[0], ast.Call) and dotted_name(scan.args[0].func) in _FLIPS
+                and scan.args[0].args):
+            continue
+        axes = {ast.dump(a) if a is not None else None for a in (_axis(call), _axis(scan), _axis(scan.args[0]))}
+        if len(axes) == 1 and None not in axes:
+            m.rewrite(call, f"_verified_cumsum({m.text(scan.args[0].args[0])}, axis={m.text(_axis(call))}, "
+                            "reverse=True)")
+    for call in m.calls(*kernel_ops.STAND_INS):
+        if m.in_kernel(call):
+            m.rewrite(call.func, kernel_ops.STAND_INS[dotted_name(call.func)])
+    if len(m.edits) > before:
+        _append_stand_ins(m, "A verified stand-in for jnp.cumsum that Mosaic lowers (a blocked scan on the MXU)",
+                          kernel_ops)
 
 
 # --- Pallas API spelling --------------------------------------------------------------------------
@@ -644,7 +677,7 @@ _FAKE_TPU_MODULES = ("tpu_ops", "mosaic_tpu", "tpu_primitives")
 
 
 @_with_module
-def repair_api_misuse(m: _Module, message: str) -> None:
+def repair_api_misuse(m: RepairModule, message: str) -> None:
     """Misspelled Pallas keywords, renamed APIs, invented modules and the old BlockSpec order."""
     for call in m.calls(*_KWARG_OWNERS):
         for kw in call.keywords:
@@ -676,7 +709,7 @@ def repair_api_misuse(m: _Module, message: str) -> None:
         _tile(m, call)
 
 
-def _tile(m: _Module, call: ast.Call) -> None:
+def _tile(m: RepairModule, call: ast.Call) -> None:
     """`pltpu.repeat(x, n, axis)`, which this JAX lacks, as what it computed: n copies of x side
     by side along the axis; `pltpu.repeat(x, (r0, r1))` as `jnp.tile(x, (r0, r1))`."""
     axis = next((k.value for k in call.keywords if k.arg == "axis"), call.args[2] if len(call.args) > 2 else None)
@@ -695,7 +728,7 @@ _ARRAY_CTORS = ("jnp.asarray", "jnp.array", "jnp.float32", "jnp.bfloat16", "jnp.
                 "jax.numpy.asarray", "jax.numpy.array")
 
 
-def _python_scalar(m: _Module, node: ast.AST) -> str | None:
+def _python_scalar(m: RepairModule, node: ast.AST) -> str | None:
     """The Python expression inside `jnp.float32(expr)` / `jnp.asarray(expr, dtype)`, when it
     uses no jax itself (a literal, a name, `head_dim ** -0.5`)."""
     if not (isinstance(node, ast.Call) and dotted_name(node.func) in _ARRAY_CTORS and 1 <= len(node.args) <= 2):
@@ -707,7 +740,7 @@ def _python_scalar(m: _Module, node: ast.AST) -> str | None:
 
 
 @_with_module
-def repair_captured_constant(m: _Module, message: str) -> None:
+def repair_captured_constant(m: RepairModule, message: str) -> None:
     """`partial(kernel, eps=jnp.asarray(1e-6, jnp.float32))` -> `eps=1e-6` (and module constants a
     kernel reads)."""
     kernel_names = {f.name for f in m.kernels}
@@ -732,7 +765,7 @@ def repair_captured_constant(m: _Module, message: str) -> None:
 _REDUCTIONS = ("jnp.sum", "jnp.max", "jnp.min", "jnp.mean")
 
 
-def _ref_block_shape(m: _Module, ref: str, kernel: ast.FunctionDef) -> ast.Tuple | None:
+def _ref_block_shape(m: RepairModule, ref: str, kernel: ast.FunctionDef) -> ast.Tuple | None:
     """The block shape of the BlockSpec that feeds `ref` (in_specs then out_specs, in order)."""
     params = [a.arg for a in kernel.args.posonlyargs + kernel.args.args]
     if ref not in params:
@@ -759,7 +792,7 @@ def _ref_block_shape(m: _Module, ref: str, kernel: ast.FunctionDef) -> ast.Tuple
 
 
 @_with_module
-def repair_ref_store_mismatch(m: _Module, message: str) -> None:
+def repair_ref_store_mismatch(m: RepairModule, message: str) -> None:
     """bfloat16 scratch or matmul results that receive float32 -> float32; a scalar store of a
     reduction -> a keepdims reduction stored to the whole ref. The dtype half needs a message about
     dtypes: a bfloat16 scratch that is only ever stored bfloat16 (mamba2_ssd's C) is correct."""
@@ -798,7 +831,7 @@ def repair_ref_store_mismatch(m: _Module, message: str) -> None:
 
 # --- shapes ---------------------------------------------------------------------------------------
 
-def _broadcast_operand(m: _Module, call: ast.Call) -> bool:
+def _broadcast_operand(m: RepairModule, call: ast.Call) -> bool:
     """Whether the reduction's result meets a block in arithmetic: directly, or through a name."""
     parent = m.parent.get(call)
     if isinstance(parent, ast.BinOp):
@@ -820,7 +853,7 @@ def _broadcast_operand(m: _Module, call: ast.Call) -> bool:
 
 
 @_with_module
-def repair_shape_error(m: _Module, message: str) -> None:
+def repair_shape_error(m: RepairModule, message: str) -> None:
     """Reductions broadcast against the block get keepdims=True; `.T` on a dot operand is removed
     when the message is about contracting dimensions."""
     for call in m.calls(*_REDUCTIONS):
@@ -843,7 +876,7 @@ def repair_shape_error(m: _Module, message: str) -> None:
 # --- Triton-only primitives -----------------------------------------------------------------------
 
 @_with_module
-def repair_triton_primitive(m: _Module, message: str) -> None:
+def repair_triton_primitive(m: RepairModule, message: str) -> None:
     """`pl.broadcast_to` -> `jnp.broadcast_to`; `pl.dot(a, b)` -> `jnp.dot(a, b, f32 result)`."""
     for call in m.calls("pl.broadcast_to"):
         m.rewrite(call.func, "jnp.broadcast_to")
@@ -874,7 +907,7 @@ _RANK = re.compile(r"Block shape for (args|outputs)((?:\[\d+\])*) \(= .*?\) must
                    r"of dimensions as the array shape \(([^)]*)\)", re.S)
 
 
-def _spec_list(m: _Module, call: ast.Call, key: str) -> list[ast.AST] | None:
+def _spec_list(m: RepairModule, call: ast.Call, key: str) -> list[ast.AST] | None:
     kw = next((k for k in call.keywords if k.arg == key), None)
     if kw is None:
         return None
@@ -882,7 +915,7 @@ def _spec_list(m: _Module, call: ast.Call, key: str) -> list[ast.AST] | None:
     return list(value.elts) if isinstance(value, (ast.List, ast.Tuple)) else [value]
 
 
-def _resolve_spec(m: _Module, spec: ast.AST) -> ast.Call | None:
+def _resolve_spec(m: RepairModule, spec: ast.AST) -> ast.Call | None:
     if isinstance(spec, ast.Name):
         found = [a.value for a in m.nodes(ast.Assign)
                  if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == spec.id]
@@ -892,10 +925,17 @@ def _resolve_spec(m: _Module, spec: ast.AST) -> ast.Call | None:
     return None
 
 
+def _short_by_one(shape: ast.AST, index_map: ast.AST) -> bool:
+    """A block shape tuple one dim shorter than what its index map (a lambda) returns."""
+    return (isinstance(shape, ast.Tuple) and isinstance(index_map, ast.Lambda)
+            and isinstance(index_map.body, ast.Tuple) and len(index_map.body.elts) == len(shape.elts) + 1)
+
+
 def repair_block_rank(source: str, message: str = "") -> str | None:
     """Prepend a squeezed (None) dim to the BlockSpec the message names, and the first grid
-    parameter its index map leaves unused to its results."""
-    m = _parse(source)
+    parameter its index map leaves unused to its results; where the index map already returns
+    one index per array dim, prepend the dim only (to every block so short)."""
+    m = parse_source(source)
     found = _RANK.search(message or "")
     if m is None or not found:
         return None
@@ -913,6 +953,14 @@ def repair_block_rank(source: str, message: str = "") -> str | None:
     if spec is None or len(spec.args) != 2:
         return None
     shape, index_map = spec.args
+    if _short_by_one(shape, index_map) and len(index_map.body.elts) == rank:
+        # the index map walks all the array's dims, the block lacks the first: it is the squeezed
+        # one the map indexes and the kernel reads without. Every block one dim short of its own
+        # index map has the same fault, named or not: all get it at once.
+        for call in m.calls("pl.BlockSpec"):
+            if len(call.args) == 2 and _short_by_one(*call.args):
+                m.rewrite(call.args[0], "(None, " + ", ".join(m.text(e) for e in call.args[0].elts) + ")")
+        return m.result()
     if not (isinstance(shape, ast.Tuple) and len(shape.elts) == rank - 1 and isinstance(index_map, ast.Lambda)
             and isinstance(index_map.body, ast.Tuple) and len(index_map.body.elts) == rank - 1):
         return None
@@ -929,7 +977,7 @@ def repair_block_rank(source: str, message: str = "") -> str | None:
 # --- surface --------------------------------------------------------------------------------------
 
 @_with_module
-def repair_interpret_flag(m: _Module, message: str) -> None:
+def repair_interpret_flag(m: RepairModule, message: str) -> None:
     """Remove `interpret=True` from pl.pallas_call."""
     for call in m.calls("pl.pallas_call"):
         for kw in call.keywords:
@@ -938,7 +986,7 @@ def repair_interpret_flag(m: _Module, message: str) -> None:
 
 
 @_with_module
-def repair_wrong_values(m: _Module, message: str) -> None:
+def repair_wrong_values(m: RepairModule, message: str) -> None:
     """An index map returning `i + 1` -> `i`; a grid size `n // bn` -> `pl.cdiv(n, bn)` (where the
     dim is not padded to whole blocks first)."""
     for call in m.calls("pl.BlockSpec"):
@@ -1036,7 +1084,7 @@ def _not_python(line: str) -> bool:
 def repair_wrong_entry_point(source: str, message: str = "") -> str | None:
     """No top-level `kernel`, but one public top-level function that is not a Pallas kernel
     body: rename it to `kernel` (its definition and uses)."""
-    m = _parse(source)
+    m = parse_source(source)
     if m is None:
         return None
     top = [f for f in m.tree.body if isinstance(f, ast.FunctionDef)]
@@ -1077,12 +1125,11 @@ def repair_undefined_name(source: str, message: str = "") -> str | None:
     return "".join(lines[:line]) + STANDARD_IMPORTS[found.group(1)] + "\n" + "".join(lines[line:])
 
 
-def _stand_in_code() -> str:
-    """data_gen/repairs/pallas_ops.py's code for a candidate, as written there: its imports,
-    constants and functions, without its docstring and its closing table of names (STAND_INS)."""
-    from data_gen.repairs import pallas_ops
-
-    text = Path(pallas_ops.__file__).read_text()
+def _stand_in_code(module: ModuleType) -> str:
+    """A stand-in module's code for a candidate (data_gen/repairs/pallas_ops.py, kernel_ops.py),
+    as written there: its imports, constants and functions, without its docstring and its
+    closing table of names (STAND_INS)."""
+    text = Path(module.__file__).read_text()
     body = parse_module(text).body
     lines = text.splitlines()[body[1].lineno - 1:body[-1].lineno - 1]
     while lines and (not lines[-1].strip() or lines[-1].startswith("#")):
@@ -1094,9 +1141,10 @@ def repair_work_outside(source: str, message: str = "") -> str | None:
     """A convolution or matmul left to XLA outside the kernels (`jax.lax.conv_general_dilated`,
     `jax.lax.conv_transpose`, `jnp.matmul`, `jnp.dot`): call the verified Pallas stand-in of
     data_gen/repairs/pallas_ops.py instead, same arguments, its code appended to the module."""
+    from data_gen.repairs import pallas_ops
     from data_gen.repairs.pallas_ops import STAND_INS
 
-    m = _parse(source)
+    m = parse_source(source)
     if m is None or "_verified_matmul_kernel" in source:
         return None
     inside = _kernel_helpers(m)
@@ -1106,13 +1154,18 @@ def repair_work_outside(source: str, message: str = "") -> str | None:
             m.rewrite(call.func, STAND_INS[dotted_name(call.func)])
     if not m.edits:
         return None
-    m.edits.append((len(source), len(source), ("" if source.endswith("\n") else "\n")
-                    + "\n\n# Verified Pallas stand-ins for XLA's convolutions and matmuls (multiply-adds in a "
-                      "blocked Pallas matmul)\n" + _stand_in_code() + "\n"))
+    _append_stand_ins(m, "Verified Pallas stand-ins for XLA's convolutions and matmuls (multiply-adds in a "
+                         "blocked Pallas matmul)", pallas_ops)
     return m.result()
 
 
-def _kernel_helpers(m: _Module) -> set[ast.FunctionDef]:
+def _append_stand_ins(m: RepairModule, heading: str, module: ModuleType) -> None:
+    """Record the edit that appends a stand-in module's code to the candidate, under a comment."""
+    m.edits.append((len(m.source), len(m.source), ("" if m.source.endswith("\n") else "\n")
+                    + f"\n\n# {heading}\n" + _stand_in_code(module) + "\n"))
+
+
+def _kernel_helpers(m: RepairModule) -> set[ast.FunctionDef]:
     """Functions a kernel body calls, directly or through each other (a `_dot` helper): their
     products already run inside the kernel."""
     by_name = {f.name: f for f in m.nodes(ast.FunctionDef)}
@@ -1125,47 +1178,6 @@ def _kernel_helpers(m: _Module) -> set[ast.FunctionDef]:
                 found.add(helper)
                 todo.append(helper)
     return found
-
-
-# How each stand-in does the work, for a pair's explanation.
-_STAND_IN_WORK = {
-    "convolution": ("it pads and dilates the input and slices out each kernel tap's strided window outside the "
-                    "kernel (data movement, no arithmetic), then runs every multiply-add in a blocked Pallas "
-                    "matmul over (taps x input channels), one per feature group"),
-    "matmul": "it runs the product in a blocked Pallas matmul, one grid axis per batch element",
-}
-
-
-def describe_work_outside(before: str, after: str, message: str) -> str:
-    """What repair_work_outside did, for a pair's explanation: which XLA convolutions or matmuls
-    (by line) now call which stand-in, and why that is the fix."""
-    from data_gen.repairs.pallas_ops import STAND_INS
-
-    old, new = _parse(before), _parse(after)
-    if old is None or new is None:
-        return ""
-    replaced = [(c.lineno, dotted_name(c.func)) for c in old.calls(*STAND_INS) if old.kernel_of_node(c) is None]
-    kept = {c.lineno for c in new.calls(*STAND_INS)}
-    replaced = [(line, name) for line, name in replaced if line not in kept]
-    if not replaced:
-        return ""
-    ops = sorted({"convolution" if "conv" in name else "matmul" for _, name in replaced})
-    what = " and ".join(ops)
-    calls = ", ".join(f"`{name}` (line {line})" for line, name in replaced)
-    stand_ins = ", ".join(sorted({STAND_INS[n] for _, n in replaced}))
-    how = "; for a ".join(f"{op}, {_STAND_IN_WORK[op]}" for op in ops)
-    # Stand-in names stay out of code spans: an explanation's spans name only what the failing
-    # kernel holds (data_gen/rows/text_rules.py).
-    return (f"The {what} ran in XLA: {calls} {'is' if len(replaced) == 1 else 'are'} called outside the Pallas "
-            f"kernel, which does only the rest of the work. A {what} is this task's heavy work, and the grader "
-            f"counts work only where a kernel does it. Fix: call the same {what} written in Pallas ({stand_ins}, "
-            f"same arguments, its code added at the end of the module). For a {how}; every product accumulates "
-            "in float32 in a VMEM scratch buffer.")
-
-
-# How a repair is told in a pair's explanation, where a list of changed lines would not say it:
-# repairer -> describe(before, after, the verdict message it answered) -> prose ('' to fall back).
-DESCRIPTIONS: dict[str, Callable[[str, str, str], str]] = {"work_outside": describe_work_outside}
 
 
 def _traced_bool_or_slice(source: str, message: str = "") -> str | None:

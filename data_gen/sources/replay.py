@@ -11,10 +11,11 @@ mid-code is not searched: without a model its intent is gone (`truncated`).
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from data_gen.catalogue.kinds import classify
 from data_gen.repairs import repair_search
 from data_gen.rows.journal import Dropped, DropReason, attempt_entry, undecided
 from data_gen.rows.pairs import PromptSettings, build_pair, code_of, pair_from_reply
-from data_gen.rows.text_rules import row_violations
+from data_gen.rows.text_rules import prose, row_violations
 from data_gen.sources.grading import SeededGrading
 from data_gen.sources.model import repair_loop
 from evaluator.record import Status
@@ -164,6 +165,11 @@ class ReplaySource:
 
 # --- the card's yield table ------------------------------------------------------------------------
 
+CHARS_PER_TOKEN = (3, 4)  # code runs about 3-4 characters a token in the common tokenizers
+NEAR_LIMIT = 0.8          # an answer this close to its token limit was cut off by it
+EXAMPLE_DIFF_LINES = 30   # a card example's diff, at most
+
+
 @dataclass
 class KindYield:
     failures: int = 0
@@ -181,10 +187,17 @@ class Yield:
     attempts: int = 0
     correct: int = 0
     not_graded: int = 0   # grader limits and tasks that do not load
+    cut_off_chars: list[int] = field(default_factory=list)  # each truncated answer's length
+    answer_limit: int | None = None  # the output tokens the answers' request allowed, where known
+    examples: list[dict[str, Any]] = field(default_factory=list)  # kept pairs the card shows
 
     @classmethod
-    def of(cls, entries: list[dict[str, Any]], kept: list[dict[str, Any]]) -> "Yield":
-        out = cls(attempts=len(entries))
+    def of(cls, entries: list[dict[str, Any]], kept: list[dict[str, Any]], items: Sequence[ReplayItem] = (),
+           answer_limit: int | None = None) -> "Yield":
+        """The yield of a run's journal `entries`; `items` (the attempts) give the truncated
+        answers' lengths."""
+        out = cls(attempts=len(entries), answer_limit=answer_limit, examples=examples(kept))
+        length = {i.id: len(i.attempt) for i in items}
         kept_ids = Counter(r["attempt_id"] for r in kept)
         for e in entries:
             if e["drop_reason"] == DropReason.ATTEMPT_CORRECT:
@@ -199,6 +212,8 @@ class Yield:
             k.truncated += bool(e.get("truncated"))
             k.repaired += bool(e.get("repaired"))
             k.pairs += kept_ids[e["id"]]
+            if e.get("truncated") and e["id"] in length:
+                out.cut_off_chars.append(length[e["id"]])
         out.by_repairer = Counter(r["repaired_by"] for r in kept)
         return out
 
@@ -217,5 +232,67 @@ class Yield:
                 f"graded (a task that does not load here, or a kernel the grader cannot run), the rest failed. "
                 f"Each failure by its kind in the failure catalogue, then how many were cut off mid-code, how "
                 f"many a repair was graded correct for, and how many pairs the dataset keeps:\n\n{self.table()}\n\n"
-                f"What wrote the repairs of the kept pairs (`repaired_by`):\n\n| repaired by | pairs |\n|---|---:|\n"
-                f"{by}\n")
+                f"{self.cut_off_text()}What wrote the repairs of the kept pairs (`repaired_by`):\n\n"
+                f"| repaired by | pairs |\n|---|---:|\n{by}\n{example_section(self.examples)}")
+
+    def cut_off_text(self) -> str:
+        """How long the truncated answers were against the output limit of their request: an
+        answer that stops far short of it lost its budget elsewhere (a thinking model's reasoning
+        counts against the same limit), one at it needs a larger limit."""
+        if not self.cut_off_chars:
+            return ""
+        chars = sorted(self.cut_off_chars)
+        n, median = len(chars), chars[len(chars) // 2]
+        fewest, most = CHARS_PER_TOKEN
+        text = (f"Answers cut off mid-code: {n}, stopping after a median of {median:,} characters of code (the longest "
+                f"{chars[-1]:,}), about {median // most:,}-{median // fewest:,} tokens at {fewest}-{most} characters a "
+                "token.")
+        if self.answer_limit:
+            near = sum(c / fewest >= NEAR_LIMIT * self.answer_limit for c in chars)
+            text += (f" Their request allowed {self.answer_limit:,} output tokens: {near} of the {n} reach "
+                     f"{NEAR_LIMIT:.0%} of that even at {fewest} characters a token (cut off by the limit: a larger "
+                     f"one keeps them whole); {n - near} stop short of it, so the rest of their budget went to output "
+                     "the answer does not show, such as a thinking model's reasoning, which counts against the same "
+                     "limit: raise the limit or lower the thinking budget.")
+        return text + "\n\n"
+
+
+def examples(kept: list[dict[str, Any]], n: int = 2) -> list[dict[str, Any]]:
+    """Kept pairs for the card to show: the smallest repair (fewest changed lines) of the most
+    common `repaired_by`, then of the most common that shares no repairer with those before it
+    (different fixes to read), for `n` of them where there are that many."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for row in kept:
+        by_label.setdefault(row["repaired_by"], []).append(row)
+    chosen: list[str] = []
+    for label in sorted(by_label, key=lambda r: (-len(by_label[r]), r)):
+        if len(chosen) < n and not any(_repairers(label) & _repairers(c) for c in chosen):
+            chosen.append(label)
+    return [min(by_label[label], key=lambda row: (len(_diff(row)), row["id"])) for label in chosen]
+
+
+def _repairers(label: str) -> set[str]:
+    """The repairers a `repaired_by` names: "search: a + b" -> {a, b}; any other label is its own."""
+    return set(label.removeprefix("search: ").split(" + ")) if label.startswith("search: ") else {label}
+
+
+def _diff(row: dict[str, Any]) -> list[str]:
+    return list(difflib.unified_diff(row["failing_code"].splitlines(), row["repair_code"].splitlines(),
+                                     "failing", "repaired", n=1, lineterm=""))
+
+
+def example_section(rows: list[dict[str, Any]]) -> str:
+    """The card's example pairs: each explanation as the dataset holds it, then its diff."""
+    if not rows:
+        return ""
+    parts = ["\n## Two explanations\n" if len(rows) == 2 else "\n## Explanations\n",
+             "As the pairs hold them (`repaired_by` in the heading), each followed by its diff from the failing "
+             "kernel to the repair:\n"]
+    for row in rows:
+        explanation = prose(row["messages"][-1]["content"]).strip()
+        diff = _diff(row)
+        shown = diff[:EXAMPLE_DIFF_LINES] + ([f"... ({len(diff) - EXAMPLE_DIFF_LINES} more diff lines)"]
+                                             if len(diff) > EXAMPLE_DIFF_LINES else [])
+        parts.append(f"### {row['task']} ({row['repaired_by']})\n\n> " + explanation.replace("\n", "\n> ")
+                     + "\n\n```diff\n" + "\n".join(shown) + "\n```\n")
+    return "\n".join(parts)
