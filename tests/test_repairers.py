@@ -230,6 +230,12 @@ def test_block_rank_where_the_index_map_already_walks_every_dim():
     assert fixed == src.replace("((bm, k)", "((None, bm, k)").replace("((k, bn)", "((None, k, bn)").replace(
         "((bm, bn)", "((None, bm, bn)")
     assert repair("block_rank", fixed, message) is None  # nothing short any more
+    # the specs given to the call's grid_spec, as that attempt wrote them
+    in_grid_spec = src.replace("grid=(batch, m // bm, n // bn),", "grid_spec=pltpu.PrefetchScalarGridSpec(grid=(batch, "
+                               "m // bm, n // bn),").replace("(b, i, j)),", "(b, i, j))),")
+    assert repair("block_rank", in_grid_spec, message) == fixed.replace(
+        "grid=(batch, m // bm, n // bn),", "grid_spec=pltpu.PrefetchScalarGridSpec(grid=(batch, m // bm, n // bn),"
+    ).replace("(b, i, j)),", "(b, i, j))),")
 
 
 def test_interpret_flag():

@@ -908,7 +908,9 @@ _RANK = re.compile(r"Block shape for (args|outputs)((?:\[\d+\])*) \(= .*?\) must
 
 
 def _spec_list(m: RepairModule, call: ast.Call, key: str) -> list[ast.AST] | None:
-    kw = next((k for k in call.keywords if k.arg == key), None)
+    """The `in_specs` / `out_specs` of a pallas_call, given to it or to its `grid_spec`."""
+    owners = [call] + [k.value for k in call.keywords if k.arg == "grid_spec" and isinstance(k.value, ast.Call)]
+    kw = next((k for owner in owners for k in owner.keywords if k.arg == key), None)
     if kw is None:
         return None
     value = kw.value
