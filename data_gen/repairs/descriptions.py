@@ -116,10 +116,10 @@ def describe_floor_grid(before: str, after: str, message: str) -> str:
         return ""
     if not all(_is(text, f"({new.text(c.args[0])}) // ({new.text(c.args[1])})") for c, text, _ in changed):
         return ""
-    floors = ", ".join(f"`{text}`" for _, text, _ in changed)
-    fixed = ", ".join(f"`{new.text(c)}`" for c, _, _ in changed)
-    rounds = "rounds" if len(changed) == 1 else "round"
-    return (f"The grid counts whole blocks only: {floors} ({_lines([line for _, _, line in changed])}) {rounds} "
+    floors = list(dict.fromkeys(f"`{text}`" for _, text, _ in changed))
+    fixed = ", ".join(dict.fromkeys(f"`{new.text(c)}`" for c, _, _ in changed))
+    rounds = "rounds" if len(floors) == 1 else "round"
+    return (f"The grid counts whole blocks only: {', '.join(floors)} ({_lines([line for _, _, line in changed])}) {rounds} "
             "down, so where a size is not a multiple of its block the last, partial block never runs and its "
             f"part of the output is never written. Fix: {fixed} blocks, one more "
             "wherever a size leaves a remainder. Pallas on TPU runs that block over the array's edge: its reads "
@@ -231,7 +231,7 @@ def describe_api_misuse(before: str, after: str, message: str) -> str:
         changed = _changed(old, new, list(new.calls("jnp.tile", "jnp.concatenate")))
         if changed is None or not all(text.startswith("pltpu.repeat(") for _, text, _ in changed):
             return ""
-        fixed = ", ".join(f"`{new.text(c)}`" for c, _, _ in changed)
+        fixed = ", ".join(dict.fromkeys(f"`{new.text(c)}`" for c, _, _ in changed))
         return (f"`pltpu.repeat` ({_lines([line for _, _, line in changed])}) does not exist in the JAX the kernel "
                 "runs on, so tracing the kernel stops there. What it was meant to compute is copies of a block "
                 f"side by side. Fix: {fixed}, plain jnp ops that make the same copies and that Mosaic lowers inside "
@@ -243,8 +243,8 @@ def describe_api_misuse(before: str, after: str, message: str) -> str:
         if changed is None or not all(_is(text, f"pl.when({new.text(c.func.args[0])}, {new.text(c.args[0])})")
                                       for c, text, _ in changed):
             return ""
-        calls = ", ".join(f"`{text}`" for _, text, _ in changed)
-        fixed = ", ".join(f"`{new.text(c)}`" for c, _, _ in changed)
+        calls = ", ".join(dict.fromkeys(f"`{text}`" for _, text, _ in changed))
+        fixed = ", ".join(dict.fromkeys(f"`{new.text(c)}`" for c, _, _ in changed))
         return (f"{calls} ({_lines([line for _, _, line in changed])}) pass the function to `pl.when` as a second "
                 "argument, but `pl.when` takes only the condition: it returns a decorator, and the function it "
                 f"decorates runs when the condition holds. Fix: {fixed}, the condition first, then the function.")
@@ -270,8 +270,8 @@ def describe_block_rank(before: str, after: str, message: str) -> str:
                                   for node, text, _ in changed):
         return ""
     named = f"{found.group(1)}{found.group(2)}"
-    olds = ", ".join(f"`{text}`" for _, text, _ in changed)
-    fixed = ", ".join(f"`{new.text(node)}`" for node, _, _ in changed)
+    olds = ", ".join(dict.fromkeys(f"`{text}`" for _, text, _ in changed))
+    fixed = ", ".join(dict.fromkeys(f"`{new.text(node)}`" for node, _, _ in changed))
     return (f"Blocks one dim short of the arrays they tile: {olds} ({_lines([line for _, _, line in changed])}) "
             f"while their index maps return one index per array dim ({named} is an array of shape "
             f"({found.group(3)})). A block must have its array's rank; a dim the kernel should not see is written "
