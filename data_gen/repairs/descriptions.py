@@ -119,30 +119,25 @@ def describe_floor_grid(before: str, after: str, message: str) -> str:
     floors = list(dict.fromkeys(f"`{text}`" for _, text, _ in changed))
     fixed = ", ".join(dict.fromkeys(f"`{new.text(c)}`" for c, _, _ in changed))
     rounds = "rounds" if len(floors) == 1 else "round"
-    return (f"The grid counts whole blocks only: {', '.join(floors)} ({_lines([line for _, _, line in changed])}) {rounds} "
-            "down, so where a size is not a multiple of its block the last, partial block never runs and its "
-            f"part of the output is never written. Fix: {fixed} blocks, one more "
-            "wherever a size leaves a remainder. Pallas on TPU runs that block over the array's edge: its reads "
-            "past the end are padding and its writes past the end are dropped.")
+    where = _lines([line for _, _, line in changed])
+    return (f"The grid counts whole blocks only: {', '.join(floors)} ({where}) {rounds} down, so where a size "
+            "is not a multiple of its block the last, partial block never runs and its part of the output is "
+            f"never written. Fix: {fixed} blocks, one more wherever a size leaves a remainder. Pallas on TPU runs "
+            "that block over the array's edge: its reads past the end are padding and its writes past the end are "
+            "dropped.")
 
 
 def describe_vmem_limit(before: str, after: str, message: str) -> str:
     """vmem_exhaustion's limit edit: one `vmem_limit_bytes=N` added or raised and nothing else,
-    where our VMEM check named the need and the limit it is over."""
+    where our VMEM check named the need and the limit it is over. Checked by making the edit
+    again: with those figures the repairer raises the limit (it halves blocks only without them)."""
     found = OVER_LIMIT.search(message)
-    modules = _modules(before, after)
-    if found is None or modules is None:
+    if found is None or repair("vmem_exhaustion", before, message) != after:
         return ""
-    old, new = modules
-    values = [k.value for c in new.nodes(ast.Call) for k in c.keywords if k.arg == "vmem_limit_bytes"]
-    limits = {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, int)}
-    if len(limits) != 1:
+    set_here = set(re.findall(r"vmem_limit_bytes=(\d+)", after)) - set(re.findall(r"vmem_limit_bytes=(\d+)", before))
+    if len(set_here) != 1:
         return ""
-    limit = limits.pop()
-    added = re.sub(rf", (?:compiler_params=pltpu\.CompilerParams\(vmem_limit_bytes={limit}\)|vmem_limit_bytes={limit})",
-                   "", new.source)
-    if added != old.source and _changed(old, new, values) is None:  # neither added nor raised: another edit
-        return ""
+    limit = int(set_here.pop())
     need, mib = float(found.group(1)), limit / 2**20
     over = (f"the default scoped limit Mosaic gives a kernel on {found.group(2)}" if found.group(2)
             else "the limit the kernel asked for")
