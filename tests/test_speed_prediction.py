@@ -79,6 +79,51 @@ def test_the_kernel_side_adds_steps_glue_and_the_calls_dispatch():
     assert dispatched == pytest.approx(MIN_CALL_S + 5e-5) and why == "dispatch"  # an empty program still costs its call
 
 
+def _conv_cost(in_features: int, out_features: int, groups: int = 1) -> Cost:
+    import jax
+    import jax.numpy as jnp
+
+    from evaluator.analysis.jaxpr_cost import total_cost
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                            feature_group_count=groups)
+
+    return total_cost(jax.make_jaxpr(conv)(jax.ShapeDtypeStruct((8, 32, 32, in_features), jnp.bfloat16),
+                                           jax.ShapeDtypeStruct((3, 3, in_features // groups, out_features),
+                                                                jnp.bfloat16)))
+
+
+def test_a_convolution_counts_its_flops_as_the_mxu_runs_them_padded_to_whole_tiles():
+    """3 input channels times 9 taps contract 27 values in a 128-wide tile and 16 output features
+    fill an eighth of one; 128 in and 256 out fill every tile; each of 4 groups of 32 features out
+    of 128 pads its own."""
+    small = _conv_cost(3, 16)
+    assert small.conv_flops == small.flops == 2 * 8 * 32 * 32 * 16 * 27
+    assert small.conv_mxu_flops == pytest.approx(small.conv_flops * (128 / 27) * (128 / 16))
+    full = _conv_cost(128, 256)
+    assert full.conv_mxu_flops == pytest.approx(full.conv_flops)
+    grouped = _conv_cost(128, 128, groups=4)
+    assert grouped.conv_mxu_flops == pytest.approx(grouped.conv_flops * (384 / 288) * (128 / 32))
+
+
+def test_convolutions_are_priced_at_their_padded_flops_on_both_sides():
+    """XLA's model prices a convolution's FLOPs at the peak: the reference pays the padding and
+    the calibrated convolution efficiency on top, and so does a convolution left in the glue."""
+    conv, padded = 1e11, 4e11
+    c = Calibration(conv_efficiency=0.5)
+    extra = (padded / 0.5 - conv) / GEN.bf16_flops_per_s
+    ours = ReferenceWork(conv, 0.0, 0, conv_flops=conv, conv_mxu_flops=padded)
+    xla = XlaProgramCost(1e-4, conv, 1e6, 0.0)
+    priced = price_reference(xla, ours, 1e6, GEN, c)
+    assert priced.time_s == pytest.approx(1e-4 + extra) and "convolutions" in priced.notes[0]
+    fallback = price_reference(None, ours, 1e6, GEN, c, "no libtpu")
+    assert fallback.time_s == pytest.approx(conv / GEN.bf16_flops_per_s + extra)
+    glue = CaseInputs([], conv, 0.0, 0.0, ours, 1e6, xla, glue_conv_flops=conv, glue_conv_mxu_flops=padded)
+    assert kernel_time(glue, GEN, c)[0] == pytest.approx(conv / GEN.bf16_flops_per_s + extra)
+    assert CaseInputs.from_dict(json.loads(json.dumps(dataclasses.asdict(glue)))) == glue
+
+
 def test_the_fit_recovers_constants_the_times_were_made_with():
     truth = Calibration(grid_step_s=1.5e-6, xla_efficiency=0.6, compute_efficiency=0.5)
     samples = []

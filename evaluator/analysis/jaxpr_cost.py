@@ -83,6 +83,11 @@ class Cost:
     # Matmuls and convolutions listed in `heavy_ops` (not counted as work): their FLOPs, which
     # the speed prediction still prices (evaluator/performance/prediction.py).
     heavy_flops: float = 0.0
+    # Of the FLOPs above (counted or heavy): convolutions, and the same as the MXU runs them with
+    # their feature dims padded to its 128-wide tiles (conv_mxu_flops): the speed prediction
+    # prices convolutions by the latter (evaluator/performance/prediction.py).
+    conv_flops: float = 0.0
+    conv_mxu_flops: float = 0.0
     # Iterations of scans and while loops (nested ones times their enclosing loops'): each
     # costs a TPU a fixed overhead that XLA's cost model leaves out (evaluator/performance/xla_cost.py).
     loop_iterations: float = 0.0
@@ -142,6 +147,27 @@ def conv_flops(eqn: Any) -> float:
     rhs_spec = eqn.params["dimension_numbers"].rhs_spec  # (out features, in features, *window)
     per_output = math.prod(rhs_shape) // max(int(rhs_shape[rhs_spec[0]]), 1)
     return 2.0 * aval_size(eqn.outvars[0].aval) * per_output
+
+
+MXU_TILE = 128  # the MXU multiplies operands in 128-wide tiles of lanes (every TPU generation's layout)
+
+
+def conv_mxu_flops(eqn: Any) -> float:
+    """A convolution's FLOPs as the MXU runs them: each group a matmul whose contraction (the
+    window's taps times the group's input features, which XLA folds together when the features
+    are few) and whose output features are padded up to whole MXU tiles. A 3-channel 3x3 conv
+    contracts 27 values in a 128-wide tile; 16 output features fill an eighth of one."""
+    rhs_shape = eqn.invars[1].aval.shape
+    out_dim = eqn.params["dimension_numbers"].rhs_spec[0]
+    groups = max(int(eqn.params.get("feature_group_count", 1)), int(eqn.params.get("batch_group_count", 1)))
+    out_features = max(int(rhs_shape[out_dim]) // groups, 1)
+    contraction = max(math.prod(rhs_shape) // max(int(rhs_shape[out_dim]), 1), 1)
+    padding = (_padded(contraction) / contraction) * (_padded(out_features) / out_features)
+    return conv_flops(eqn) * padding
+
+
+def _padded(n: int) -> int:
+    return -(-n // MXU_TILE) * MXU_TILE
 
 
 def trip_count(eqn: Any, trips: Mapping[int, int | None] | None = None) -> tuple[float, bool]:
@@ -229,6 +255,9 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
             nbytes = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
             cost.bytes_accessed += mult * nbytes
         if name in HEAVY_PRIMITIVES:
+            if name == "conv_general_dilated":
+                cost.conv_flops += mult * conv_flops(eqn)
+                cost.conv_mxu_flops += mult * conv_mxu_flops(eqn)
             if count_heavy:
                 flops = mult * dot_flops(eqn)
                 cost.flops += flops
@@ -261,6 +290,8 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
     into.transcendentals += worst.transcendentals
     into.bytes_accessed += worst.bytes_accessed
     into.heavy_flops += worst.heavy_flops
+    into.conv_flops += worst.conv_flops
+    into.conv_mxu_flops += worst.conv_mxu_flops
     into.loop_iterations += worst.loop_iterations
     into.dma_bytes += max(c.dma_bytes for c in branches)
     into.accesses += max(c.accesses for c in branches)

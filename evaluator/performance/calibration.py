@@ -31,6 +31,7 @@ class Calibration:
     hbm_efficiency: float = 1.0       # share of the published HBM bandwidth a kernel's DMAs reach
     compute_efficiency: float = 1.0   # share of the peak FLOP rate a kernel's arithmetic reaches
     xla_efficiency: float = 1.0       # XLA's cost-model time over the time XLA's program takes
+    conv_efficiency: float = 1.0      # share of the peak a convolution's MXU-padded FLOPs reach
     loop_iteration_s: float = 0.0     # fixed cost of one iteration of a loop XLA runs (scan, while)
     # Host cost of one timed call, added to kernel and XLA alike: our timing stage and JAXBench's
     # harness time calls by the wall clock (a device profiler would not see it).

@@ -24,6 +24,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "hbm_efficiency": (0.3, 1.0),
     "compute_efficiency": (0.2, 1.0),
     "xla_efficiency": (0.2, 2.0),
+    "conv_efficiency": (0.1, 1.0),
     "loop_iteration_s": (0.1e-6, 20e-6),
     "dispatch_s": (1e-6, 0.3e-3),
 }

@@ -65,6 +65,8 @@ class PerfEstimate:
     glue_flops: float = 0.0
     glue_f32_matmul_flops: float = 0.0
     glue_bytes: float = 0.0
+    glue_conv_flops: float = 0.0      # of glue_flops: convolutions,
+    glue_conv_mxu_flops: float = 0.0  # and the same with their feature dims padded to MXU tiles
 
     @property
     def lower_bound(self) -> bool:
@@ -128,7 +130,8 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
         floor_time_s=roofline(reference.flops * necessary_flops_share, ideal_bytes, gen),
         grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)),
         glue_flops=outside.flops + outside.heavy_flops, glue_f32_matmul_flops=outside.f32_matmul_flops,
-        glue_bytes=min(glue_bytes, summary.glue_fused_bytes))
+        glue_bytes=min(glue_bytes, summary.glue_fused_bytes), glue_conv_flops=outside.conv_flops,
+        glue_conv_mxu_flops=outside.conv_mxu_flops)
 
 
 def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration,
@@ -137,6 +140,13 @@ def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration,
     rest at the peak (elementwise work too: the model does not split out the vector units)."""
     return ((flops - f32_matmul_flops) / gen.bf16_flops_per_s
             + f32_matmul_flops / (gen.bf16_flops_per_s * f32_matmul_share))
+
+
+def conv_extra_time(conv_flops: float, conv_mxu_flops: float, gen: TpuGeneration, conv_efficiency: float) -> float:
+    """What convolutions cost beyond their FLOPs at the bf16 peak: the MXU runs them with their
+    feature dims padded to whole tiles (jaxpr_cost.conv_mxu_flops), at `conv_efficiency` of
+    the peak (a calibrated constant: taps, strides and dilations the roofline does not see)."""
+    return max(0.0, (conv_mxu_flops / conv_efficiency - conv_flops) / gen.bf16_flops_per_s)
 
 
 def roofline(flops: float, hbm_bytes: float, gen: TpuGeneration, f32_matmul_flops: float = 0.0

@@ -16,7 +16,7 @@ from typing import Any
 from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.performance.calibration import MIN_CALL_S, Calibration
 from evaluator.performance.hardware import TpuGeneration
-from evaluator.performance.perf_model import PerfEstimate, compute_time
+from evaluator.performance.perf_model import PerfEstimate, compute_time, conv_extra_time
 from evaluator.performance.xla_cost import ReferenceWork, XlaProgramCost, price_reference
 
 METHODS = {"xla": "our model for the kernels, XLA's TPU cost model for the reference",
@@ -43,13 +43,15 @@ class CaseInputs:
     ideal_bytes: float
     xla: XlaProgramCost | None
     xla_unavailable: str = ""  # why there is no XLA figure
+    glue_conv_flops: float = 0.0  # of glue_flops: convolutions left to XLA, and as the MXU runs them
+    glue_conv_mxu_flops: float = 0.0
 
     @classmethod
     def of(cls, est: PerfEstimate, reference: Cost, xla: XlaProgramCost | str) -> "CaseInputs":
         return cls([KernelWork(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs) for k in est.kernels],
                    est.glue_flops, est.glue_f32_matmul_flops, est.glue_bytes, ReferenceWork.of(reference),
                    est.ideal_bytes, xla if isinstance(xla, XlaProgramCost) else None,
-                   xla if isinstance(xla, str) else "")
+                   xla if isinstance(xla, str) else "", est.glue_conv_flops, est.glue_conv_mxu_flops)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CaseInputs":
@@ -98,7 +100,9 @@ def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration
         parts["memory"] += memory
         parts["step overhead"] += steps
         total += max(compute, memory) + steps
-    glue_compute = compute_time(inputs.glue_flops, inputs.glue_f32_matmul_flops, gen, calibration.f32_matmul_share)
+    glue_compute = (compute_time(inputs.glue_flops, inputs.glue_f32_matmul_flops, gen, calibration.f32_matmul_share)
+                    + conv_extra_time(inputs.glue_conv_flops, inputs.glue_conv_mxu_flops, gen,
+                                      calibration.conv_efficiency))
     glue_memory = inputs.glue_bytes / bandwidth
     parts["compute"] += glue_compute
     parts["memory"] += glue_memory

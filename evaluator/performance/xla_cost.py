@@ -27,7 +27,7 @@ from typing import Any
 from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.performance.calibration import MIN_CALL_S, Calibration
 from evaluator.performance.hardware import TpuGeneration
-from evaluator.performance.perf_model import compute_time
+from evaluator.performance.perf_model import compute_time, conv_extra_time
 
 # Custom calls that do no work of their own: buffer allocation and index hints.
 BOOKKEEPING_CALLS = frozenset({"AllocateBuffer", "AssumeGatherIndicesInBound", "Sharding", "SPMDFullToShardShape",
@@ -115,8 +115,9 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
     notes: list[str] = []
     bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
     loops_s = ours.loop_iterations * calibration.loop_iteration_s
+    convs_s = conv_extra_time(ours.conv_flops, ours.conv_mxu_flops, gen, calibration.conv_efficiency)
     if xla is None:
-        seconds = max(compute_time(ours.flops, ours.f32_matmul_flops, gen, calibration.f32_matmul_share),
+        seconds = max(compute_time(ours.flops, ours.f32_matmul_flops, gen, calibration.f32_matmul_share) + convs_s,
                       ideal_bytes / bandwidth)
         return ReferenceTime(max(seconds + loops_s, MIN_CALL_S) + calibration.dispatch_s, "model",
                              [unavailable] if unavailable else [])
@@ -130,6 +131,11 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
         # XLA prices every dot at the bf16 peak; a chip runs f32 operands at the f32 share of it.
         seconds += ours.f32_matmul_flops / gen.bf16_flops_per_s * (1 / calibration.f32_matmul_share - 1)
         notes.append(f"{ours.f32_matmul_flops / 1e9:.3g} GFLOP of f32 matmuls at the f32 rate, not XLA's bf16 peak")
+    if convs_s:
+        # XLA prices a convolution's FLOPs at the peak, whatever its feature counts.
+        seconds += convs_s
+        notes.append(f"{ours.conv_mxu_flops / 1e9:.3g} GFLOP of convolutions as the MXU runs them, at "
+                     f"{calibration.conv_efficiency:.2g} of the peak")
     gap_flops = ours.flops - xla.flops
     gap_s = 0.0
     if gap_flops > FLOP_GAP_SHARE * ours.flops:
@@ -155,10 +161,12 @@ class ReferenceWork:
     flops: float
     f32_matmul_flops: float
     loop_iterations: float
+    conv_flops: float = 0.0
+    conv_mxu_flops: float = 0.0
 
     @classmethod
     def of(cls, cost: Cost) -> "ReferenceWork":
-        return cls(cost.flops, cost.f32_matmul_flops, cost.loop_iterations)
+        return cls(cost.flops, cost.f32_matmul_flops, cost.loop_iterations, cost.conv_flops, cost.conv_mxu_flops)
 
 
 class XlaCostCache:
