@@ -107,6 +107,27 @@ def test_a_convolution_counts_its_flops_as_the_mxu_runs_them_padded_to_whole_til
     assert grouped.conv_mxu_flops == pytest.approx(grouped.conv_flops * (384 / 288) * (128 / 32))
 
 
+def test_a_transposed_convolutions_taps_on_its_dilation_zeros_are_neither_run_nor_missing_from_xla():
+    """A stride-2 transposed convolution is an lhs-dilated one: three in four of the taps we count
+    fall on inserted zeros. XLA neither counts nor runs them, so they are no gap in its count."""
+    import jax
+    import jax.numpy as jnp
+
+    from evaluator.analysis.jaxpr_cost import total_cost
+
+    def up(x, w):
+        return jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    cost = total_cost(jax.make_jaxpr(up)(jax.ShapeDtypeStruct((8, 32, 32, 128), jnp.bfloat16),
+                                         jax.ShapeDtypeStruct((4, 4, 128, 128), jnp.bfloat16)))
+    assert cost.conv_skipped_flops == pytest.approx(0.75 * cost.conv_flops)
+    assert cost.conv_mxu_flops == pytest.approx(0.25 * cost.conv_flops)  # 2048 and 128 features: no padding
+    ours = ReferenceWork.of(cost)
+    xla = XlaProgramCost(1e-4, 0.25 * cost.conv_flops, 1e6, 0.0)
+    priced = price_reference(xla, ours, 1e6, GEN, Calibration())
+    assert priced.time_s == pytest.approx(1e-4) and not any("did not price" in n for n in priced.notes)
+
+
 def test_convolutions_are_priced_at_their_padded_flops_on_both_sides():
     """XLA's model prices a convolution's FLOPs at the peak: the reference pays the padding and
     the calibrated convolution efficiency on top, and so does a convolution left in the glue."""

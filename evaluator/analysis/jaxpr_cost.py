@@ -83,10 +83,12 @@ class Cost:
     # Matmuls and convolutions listed in `heavy_ops` (not counted as work): their FLOPs, which
     # the speed prediction still prices (evaluator/performance/prediction.py).
     heavy_flops: float = 0.0
-    # Of the FLOPs above (counted or heavy): convolutions, and the same as the MXU runs them with
-    # their feature dims padded to its 128-wide tiles (conv_mxu_flops): the speed prediction
-    # prices convolutions by the latter (evaluator/performance/prediction.py).
+    # Of the FLOPs above (counted or heavy): convolutions; of those, the taps on the zeros a
+    # transposed convolution's lhs dilation inserts (neither XLA's count nor the chip does them);
+    # and the rest as the MXU runs them, feature dims padded to its 128-wide tiles. The speed
+    # prediction prices convolutions by the last (evaluator/performance/prediction.py).
     conv_flops: float = 0.0
+    conv_skipped_flops: float = 0.0
     conv_mxu_flops: float = 0.0
     # Iterations of scans and while loops (nested ones times their enclosing loops'): each
     # costs a TPU a fixed overhead that XLA's cost model leaves out (evaluator/performance/xla_cost.py).
@@ -156,14 +158,21 @@ def conv_mxu_flops(eqn: Any) -> float:
     """A convolution's FLOPs as the MXU runs them: each group a matmul whose contraction (the
     window's taps times the group's input features, which XLA folds together when the features
     are few) and whose output features are padded up to whole MXU tiles. A 3-channel 3x3 conv
-    contracts 27 values in a 128-wide tile; 16 output features fill an eighth of one."""
+    contracts 27 values in a 128-wide tile; 16 output features fill an eighth of one. Taps on the
+    zeros of an lhs dilation are not run (conv_dilation_share)."""
     rhs_shape = eqn.invars[1].aval.shape
     out_dim = eqn.params["dimension_numbers"].rhs_spec[0]
     groups = max(int(eqn.params.get("feature_group_count", 1)), int(eqn.params.get("batch_group_count", 1)))
     out_features = max(int(rhs_shape[out_dim]) // groups, 1)
     contraction = max(math.prod(rhs_shape) // max(int(rhs_shape[out_dim]), 1), 1)
     padding = (_padded(contraction) / contraction) * (_padded(out_features) / out_features)
-    return conv_flops(eqn) * padding
+    return conv_flops(eqn) * conv_dilation_share(eqn) * padding
+
+
+def conv_dilation_share(eqn: Any) -> float:
+    """The share of a convolution's taps that fall on its input's values, not on the zeros an
+    lhs dilation (a transposed convolution's stride) puts between them: 1/4 for a 2-D stride of 2."""
+    return 1.0 / math.prod(int(d) for d in (eqn.params.get("lhs_dilation") or (1,)))
 
 
 def _padded(n: int) -> int:
@@ -257,6 +266,7 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
         if name in HEAVY_PRIMITIVES:
             if name == "conv_general_dilated":
                 cost.conv_flops += mult * conv_flops(eqn)
+                cost.conv_skipped_flops += mult * conv_flops(eqn) * (1 - conv_dilation_share(eqn))
                 cost.conv_mxu_flops += mult * conv_mxu_flops(eqn)
             if count_heavy:
                 flops = mult * dot_flops(eqn)
@@ -291,6 +301,7 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
     into.bytes_accessed += worst.bytes_accessed
     into.heavy_flops += worst.heavy_flops
     into.conv_flops += worst.conv_flops
+    into.conv_skipped_flops += worst.conv_skipped_flops
     into.conv_mxu_flops += worst.conv_mxu_flops
     into.loop_iterations += worst.loop_iterations
     into.dma_bytes += max(c.dma_bytes for c in branches)

@@ -142,11 +142,13 @@ def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration,
             + f32_matmul_flops / (gen.bf16_flops_per_s * f32_matmul_share))
 
 
-def conv_extra_time(conv_flops: float, conv_mxu_flops: float, gen: TpuGeneration, conv_efficiency: float) -> float:
-    """What convolutions cost beyond their FLOPs at the bf16 peak: the MXU runs them with their
-    feature dims padded to whole tiles (jaxpr_cost.conv_mxu_flops), at `conv_efficiency` of
-    the peak (a calibrated constant: taps, strides and dilations the roofline does not see)."""
-    return max(0.0, (conv_mxu_flops / conv_efficiency - conv_flops) / gen.bf16_flops_per_s)
+def conv_extra_time(priced_flops: float, conv_mxu_flops: float, gen: TpuGeneration, conv_efficiency: float) -> float:
+    """What convolutions cost beyond the `priced_flops` of them already at the bf16 peak: the MXU
+    runs them with their feature dims padded to whole tiles and without the taps on an lhs
+    dilation's zeros (jaxpr_cost.conv_mxu_flops), at `conv_efficiency` of the peak (a calibrated
+    constant: what the roofline does not see of windows and strides). Negative where the priced
+    FLOPs counted taps on zeros."""
+    return (conv_mxu_flops / conv_efficiency - priced_flops) / gen.bf16_flops_per_s
 
 
 def roofline(flops: float, hbm_bytes: float, gen: TpuGeneration, f32_matmul_flops: float = 0.0

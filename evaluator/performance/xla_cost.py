@@ -115,8 +115,8 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
     notes: list[str] = []
     bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
     loops_s = ours.loop_iterations * calibration.loop_iteration_s
-    convs_s = conv_extra_time(ours.conv_flops, ours.conv_mxu_flops, gen, calibration.conv_efficiency)
     if xla is None:
+        convs_s = conv_extra_time(ours.conv_flops, ours.conv_mxu_flops, gen, calibration.conv_efficiency)
         seconds = max(compute_time(ours.flops, ours.f32_matmul_flops, gen, calibration.f32_matmul_share) + convs_s,
                       ideal_bytes / bandwidth)
         return ReferenceTime(max(seconds + loops_s, MIN_CALL_S) + calibration.dispatch_s, "model",
@@ -131,12 +131,14 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
         # XLA prices every dot at the bf16 peak; a chip runs f32 operands at the f32 share of it.
         seconds += ours.f32_matmul_flops / gen.bf16_flops_per_s * (1 / calibration.f32_matmul_share - 1)
         notes.append(f"{ours.f32_matmul_flops / 1e9:.3g} GFLOP of f32 matmuls at the f32 rate, not XLA's bf16 peak")
-    if convs_s:
-        # XLA prices a convolution's FLOPs at the peak, whatever its feature counts.
-        seconds += convs_s
+    if ours.conv_flops:
+        # XLA prices a convolution's FLOPs (not the taps on a dilation's zeros) at the peak,
+        # whatever its feature counts.
+        seconds += conv_extra_time(ours.conv_flops - ours.conv_skipped_flops, ours.conv_mxu_flops, gen,
+                                   calibration.conv_efficiency)
         notes.append(f"{ours.conv_mxu_flops / 1e9:.3g} GFLOP of convolutions as the MXU runs them, at "
                      f"{calibration.conv_efficiency:.2g} of the peak")
-    gap_flops = ours.flops - xla.flops
+    gap_flops = ours.flops - ours.conv_skipped_flops - xla.flops
     gap_s = 0.0
     if gap_flops > FLOP_GAP_SHARE * ours.flops:
         # Work in custom calls (a Mosaic kernel like ours: priced as our kernels are) or in the
@@ -163,10 +165,12 @@ class ReferenceWork:
     loop_iterations: float
     conv_flops: float = 0.0
     conv_mxu_flops: float = 0.0
+    conv_skipped_flops: float = 0.0
 
     @classmethod
     def of(cls, cost: Cost) -> "ReferenceWork":
-        return cls(cost.flops, cost.f32_matmul_flops, cost.loop_iterations, cost.conv_flops, cost.conv_mxu_flops)
+        return cls(cost.flops, cost.f32_matmul_flops, cost.loop_iterations, cost.conv_flops, cost.conv_mxu_flops,
+                   cost.conv_skipped_flops)
 
 
 class XlaCostCache:
