@@ -79,19 +79,25 @@ def test_the_kernel_side_adds_steps_glue_and_the_calls_dispatch():
     assert dispatched == pytest.approx(MIN_CALL_S + 5e-5) and why == "dispatch"  # an empty program still costs its call
 
 
-def _conv_cost(in_features: int, out_features: int, groups: int = 1) -> Cost:
+def _cost_of(fn, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> Cost:
+    """Our count of fn(x, w) on bf16 operands of these shapes (traced, never run)."""
     import jax
     import jax.numpy as jnp
 
     from evaluator.analysis.jaxpr_cost import total_cost
 
+    return total_cost(jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(x_shape, jnp.bfloat16),
+                                         jax.ShapeDtypeStruct(w_shape, jnp.bfloat16)))
+
+
+def _conv_cost(in_features: int, out_features: int, groups: int = 1) -> Cost:
+    import jax
+
     def conv(x, w):
         return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                             feature_group_count=groups)
 
-    return total_cost(jax.make_jaxpr(conv)(jax.ShapeDtypeStruct((8, 32, 32, in_features), jnp.bfloat16),
-                                           jax.ShapeDtypeStruct((3, 3, in_features // groups, out_features),
-                                                                jnp.bfloat16)))
+    return _cost_of(conv, (8, 32, 32, in_features), (3, 3, in_features // groups, out_features))
 
 
 def test_a_convolution_counts_its_flops_as_the_mxu_runs_them_padded_to_whole_tiles():
@@ -111,15 +117,11 @@ def test_a_transposed_convolutions_taps_on_its_dilation_zeros_are_neither_run_no
     """A stride-2 transposed convolution is an lhs-dilated one: three in four of the taps we count
     fall on inserted zeros. XLA neither counts nor runs them, so they are no gap in its count."""
     import jax
-    import jax.numpy as jnp
-
-    from evaluator.analysis.jaxpr_cost import total_cost
 
     def up(x, w):
         return jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
-    cost = total_cost(jax.make_jaxpr(up)(jax.ShapeDtypeStruct((8, 32, 32, 128), jnp.bfloat16),
-                                         jax.ShapeDtypeStruct((4, 4, 128, 128), jnp.bfloat16)))
+    cost = _cost_of(up, (8, 32, 32, 128), (4, 4, 128, 128))
     assert cost.conv_skipped_flops == pytest.approx(0.75 * cost.conv_flops)
     assert cost.conv_mxu_flops == pytest.approx(0.25 * cost.conv_flops)  # 2048 and 128 features: no padding
     ours = ReferenceWork.of(cost)
