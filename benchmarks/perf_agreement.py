@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluator.performance import calibration as calib  # noqa: E402
 from evaluator.performance.fit import Agreement, Sample, agreement, as_measured, fit  # noqa: E402
-from evaluator.performance.hardware import GENERATIONS  # noqa: E402
+from evaluator.performance.hardware import GENERATIONS, TpuGeneration  # noqa: E402
 from evaluator.performance.prediction import CaseInputs  # noqa: E402
 
 TUNING_MODEL, HELDOUT_MODEL = "gpt53", "gemini3"
@@ -128,8 +128,8 @@ def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]]) -> list
     return samples
 
 
-def figures(samples: list[Sample], c: calib.Calibration) -> dict[str, Any]:
-    predicted = [(as_measured(s, GEN, c), s) for s in samples]
+def figures(samples: list[Sample], c: calib.Calibration, gen: TpuGeneration = GEN) -> dict[str, Any]:
+    predicted = [(as_measured(s, gen, c), s) for s in samples]
     kernel = [(p, s) for p, s in predicted if s.kernel_s]
     xla = [(p, s) for p, s in predicted if s.xla_s]
     both = [(p, s) for p, s in kernel if s.xla_s]
@@ -157,7 +157,8 @@ def flop_check(samples: list[Sample]) -> str:
             "XLA sees whole (no custom call, no loop)")
 
 
-def table(sets: dict[str, list[Sample]], before: calib.Calibration, after: calib.Calibration) -> str:
+def table(sets: dict[str, list[Sample]], constants: dict[str, calib.Calibration], gen: TpuGeneration = GEN) -> str:
+    """A Markdown table: a row per set and labelled constants (e.g. "assumed", "fitted")."""
     lines = ["| set | constants | XLA refs within 2x | median ratio | Spearman | kernels within 2x | median ratio "
              "| Spearman | speedup Spearman | faster-than-XLA accuracy (base rate) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -167,8 +168,8 @@ def table(sets: dict[str, list[Sample]], before: calib.Calibration, after: calib
         return [f"{a.within_2x:.0%} of {a.n}", f"{a.median_ratio:.2f}", rho] if a.n else ["-", "-", "-"]
 
     for name, samples in sets.items():
-        for label, c in (("assumed", before), ("fitted", after)):
-            f = figures(samples, c)
+        for label, c in constants.items():
+            f = figures(samples, c, gen)
             sign = (f"{f['sign_accuracy']:.0%} ({f['base_rate']:.0%})" if "sign_accuracy" in f else "-")
             rho = f["speedup"].spearman
             lines.append("| " + " | ".join([name, label, *cells(f["xla"]), *cells(f["kernel"]),
@@ -176,7 +177,8 @@ def table(sets: dict[str, list[Sample]], before: calib.Calibration, after: calib
     return "\n".join(lines)
 
 
-def plot(sets: dict[str, list[Sample]], c: calib.Calibration, path: Path) -> None:
+def plot(sets: dict[str, list[Sample]], c: calib.Calibration, path: Path, gen: TpuGeneration = GEN,
+         title: str = "JAXBench") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,7 +186,7 @@ def plot(sets: dict[str, list[Sample]], c: calib.Calibration, path: Path) -> Non
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
     for name, samples in sets.items():
-        preds = [(as_measured(s, GEN, c), s) for s in samples]
+        preds = [(as_measured(s, gen, c), s) for s in samples]
         xs = [s.xla_s * 1e3 for _, s in preds if s.xla_s] + [s.kernel_s * 1e3 for _, s in preds if s.kernel_s]
         ys = [p[1] * 1e3 for p, s in preds if s.xla_s] + [p[0] * 1e3 for p, s in preds if s.kernel_s]
         axes[0].scatter(xs, ys, s=12, alpha=0.7, label=name)
@@ -198,10 +200,10 @@ def plot(sets: dict[str, list[Sample]], c: calib.Calibration, path: Path) -> Non
         ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
         ax.plot([lo, hi], [2 * lo, 2 * hi], "k:", lw=0.6)
         ax.plot([lo, hi], [lo / 2, hi / 2], "k:", lw=0.6)
-        ax.set_xlabel(f"measured on TPU v6e ({what})")
+        ax.set_xlabel(f"measured on TPU {gen.name} ({what})")
         ax.set_ylabel("predicted without a TPU")
         ax.legend(fontsize=8)
-    fig.suptitle("Predicted vs measured (JAXBench, v6e); dotted: within 2x")
+    fig.suptitle(f"Predicted vs measured ({title}, {gen.name}); dotted: within 2x")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.heldout:
         sets[f"{HELDOUT_MODEL} kernels (held out)"] = attempt_samples(
             args.suite, HELDOUT_MODEL, estimate_rows(args.suite, HELDOUT_MODEL, args.workers))
-    print(table(sets, before, after))
+    print(table(sets, {"assumed": before, "fitted": after}))
     print("\n" + flop_check([s for samples in sets.values() for s in samples]))
     if args.plot:
         plot(sets, after, args.plot)

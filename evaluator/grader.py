@@ -77,7 +77,9 @@ class Evaluator:
         # turned off; on a real TPU the chip decides (evaluator/execution/program.py, tpu_dot_numerics).
         self.tpu_numerics = tpu_numerics
         self.limits = limits
-        self.workers = workers
+        # One process holds a TPU chip (a second one's libtpu stops at the chip's lock file):
+        # on the chip, one worker whatever was asked.
+        self.workers = 1 if self.backend.platform == "tpu" and executor == "local" else workers
         self.cache = VerdictCache(cache) if isinstance(cache, (str, Path)) else cache
         self.remote = None
         if executor == "ray":
@@ -86,7 +88,7 @@ class Evaluator:
                        "tpu_numerics": tpu_numerics, "seed_checks": seed_checks, "predict_failed": predict_failed}
             self.remote = RayExecutor(address, workers, GradingActor, options)
         # `pool` lets a benchmark swap the sandbox for an in-process stand-in.
-        self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else workers, limits=limits)
+        self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else self.workers, limits=limits)
         self.references = ReferenceCache()
         self.reference_costs = ReferenceCosts(task_digest, limits, workers=workers)
         self.calibration = calibration.load()

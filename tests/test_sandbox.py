@@ -12,7 +12,7 @@ import pytest
 
 from evaluator.execution.backends import get_backend
 from evaluator.execution.protocol import CaseSpec, Done, Failed, Load, Lower, Ping, Pong, Reset, Trace, Traced
-from evaluator.execution.sandbox import Limits, Worker, WorkerError, WorkerPool
+from evaluator.execution.sandbox import Limits, Worker, WorkerError, WorkerPool, worker_environment
 
 
 @pytest.fixture()
@@ -87,6 +87,34 @@ def test_environment_is_scrubbed_and_temp_dir_is_private(worker, monkeypatch):
     assert os.listdir(workdir) == []
     worker.kill()
     assert not os.path.exists(workdir)
+
+
+def test_the_hosts_pythonpath_reaches_the_worker(worker, monkeypatch, tmp_path):
+    # A TPU image may install jax and libtpu on PYTHONPATH alone: a worker without it cannot start.
+    (tmp_path / "installed_on_pythonpath.py").write_text("WHERE = 'host path'\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    worker.kill()
+    reply = load(worker, "import installed_on_pythonpath as m\nraise RuntimeError('FOUND ' + m.WHERE)\n")
+    assert isinstance(reply, Failed) and "FOUND host path" in reply.error
+
+
+def test_only_a_tpu_worker_keeps_the_hosts_chip_description(tmp_path):
+    host = {"PATH": "/bin", "TPU_ACCELERATOR_TYPE": "v5litepod-1", "LIBTPU_INIT_ARGS": "--flag", "HF_TOKEN": "s"}
+    on_chip = worker_environment(get_backend("tpu"), tmp_path, host)
+    interpreted = worker_environment(get_backend("tpu-interpret"), tmp_path, host)
+    assert on_chip["TPU_ACCELERATOR_TYPE"] == "v5litepod-1" and on_chip["LIBTPU_INIT_ARGS"] == "--flag"
+    assert not any(k.startswith(("TPU_", "LIBTPU_")) for k in interpreted)
+    assert "HF_TOKEN" not in on_chip and "HF_TOKEN" not in interpreted
+    assert on_chip["JAX_PLATFORMS"] == "tpu" and interpreted["JAX_PLATFORMS"] == "cpu"
+
+
+def test_the_tpu_backend_grades_on_one_worker_per_chip():
+    """A second process cannot open a chip another holds: on the tpu backend the evaluator keeps
+    one worker whatever it is asked for (none starts before a grading)."""
+    from evaluator.grader import Evaluator
+
+    with Evaluator(backend="tpu", workers=2) as on_chip, Evaluator(backend="tpu-interpret", workers=2) as interpreted:
+        assert on_chip.workers == 1 and interpreted.workers == 2
 
 
 def test_prints_do_not_corrupt_the_protocol(worker):

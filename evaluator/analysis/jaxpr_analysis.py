@@ -48,6 +48,7 @@ class PallasCallInfo:
     # on the steps that take it (evaluator/analysis/grid_conds.py). Traffic analysis only.
     flops_per_step: float = 0.0
     f32_matmul_flops_per_step: float = 0.0  # of flops_per_step: matmuls on float32 operands
+    multipass_flops_per_step: float = 0.0   # beyond flops_per_step: dots' extra MXU passes (jaxpr_cost.Cost)
     dma_bytes_per_step: float = 0.0   # traffic analysis only
     # Memory accesses of the body per grid step, every loop iteration counted: what a run in
     # interpret mode costs (evaluator/execution/step_limits.py); at every size.
@@ -113,6 +114,11 @@ class PallasCallInfo:
     def f32_matmul_flops(self) -> float:
         """Of `flops`: matmul FLOPs on float32 operands (slower on the MXU than bf16)."""
         return self.f32_matmul_flops_per_step * self.grid_steps * self.runs
+
+    @property
+    def multipass_flops(self) -> float:
+        """Beyond `flops`: the extra MXU passes of dots at HIGH or HIGHEST precision."""
+        return self.multipass_flops_per_step * self.grid_steps * self.runs
 
 
 # Kernel primitives that act beside the core (a DMA in flight) or order such actions: what a
@@ -220,6 +226,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         low_precision_dots=low_precision_dots(kernel_jaxpr),
         flops_per_step=step.flops,
         f32_matmul_flops_per_step=step.f32_matmul_flops,
+        multipass_flops_per_step=step.multipass_flops,
         dma_bytes_per_step=step.dma_bytes,
         accesses_per_step=accesses,
         loop_trips=loop_trips(kernel_jaxpr, trips),

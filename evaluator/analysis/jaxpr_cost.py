@@ -90,6 +90,10 @@ class Cost:
     conv_flops: float = 0.0
     conv_skipped_flops: float = 0.0
     conv_mxu_flops: float = 0.0
+    # The extra MXU passes of dots whose precision asks for more than one (HIGH: 3 bf16 passes,
+    # HIGHEST: 6) on float32 operands that are not bf16 values cast up: 2 or 5 times their
+    # FLOPs, counted or heavy. XLA's cost model and our roofline price a dot once.
+    multipass_flops: float = 0.0
     # Iterations of scans and while loops (nested ones times their enclosing loops'): each
     # costs a TPU a fixed overhead that XLA's cost model leaves out (evaluator/performance/xla_cost.py).
     loop_iterations: float = 0.0
@@ -138,6 +142,31 @@ def dot_flops(eqn: Any) -> float:
     if eqn.primitive.name == "conv_general_dilated":
         return conv_flops(eqn)
     return 2.0 * sum(aval_size(v.aval) for v in eqn.outvars)  # a lower bound for anything else
+
+
+def mxu_passes(eqn: Any, cast_up: set[Any] = frozenset()) -> int:
+    """bf16 MXU passes a dot_general takes on a TPU: 6 at HIGHEST precision (or an f32 dot
+    algorithm), 3 at HIGH, 1 otherwise; 1 whatever its precision when no operand is a float32
+    value beyond bf16 (bf16 operands, or bf16 values cast up, which XLA multiplies in one pass:
+    measured on a v5e, docs/performance-model.md)."""
+    if not any(str(getattr(v.aval, "dtype", "")) == "float32" and v not in cast_up for v in eqn.invars[:2]):
+        return 1
+    precision = eqn.params.get("precision")
+    names = [str(p) for p in (precision if isinstance(precision, tuple) else (precision,)) if p is not None]
+    if any("HIGHEST" in n or "X6" in n or "F32_F32_F32" in n for n in names):
+        return 6
+    if any(n.endswith("HIGH") or "X3" in n for n in names):
+        return 3
+    return 1
+
+
+def _narrow(var: Any) -> bool:
+    """A value whose every number a bf16 holds exactly: bf16, an 8-bit float, an integer of
+    8 bits or fewer, a bool (not float16: its 10-bit mantissa is wider than bf16's)."""
+    dtype = getattr(getattr(var, "aval", None), "dtype", None)
+    name = str(dtype)
+    return name in ("bfloat16", "bool") or name.startswith("float8") or (
+        name.startswith(("int", "uint")) and dtype.itemsize == 1)
 
 
 def conv_flops(eqn: Any) -> float:
@@ -218,8 +247,11 @@ class _Reach:
 def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
           trips: Mapping[int, int | None] | None, on_pallas_call: PallasCallSink | None,
           reach: _Reach | None = None) -> None:
+    cast_up: set[Any] = set()  # this jaxpr's f32 values that are narrow values converted
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
+        if name == "convert_element_type" and _narrow(eqn.invars[0]):
+            cast_up.update(eqn.outvars)
         if name == "pallas_call":
             if on_pallas_call is not None:
                 on_pallas_call(eqn, mult)
@@ -264,6 +296,8 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
             nbytes = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval"))
             cost.bytes_accessed += mult * nbytes
         if name in HEAVY_PRIMITIVES:
+            if name == "dot_general":
+                cost.multipass_flops += mult * dot_flops(eqn) * (mxu_passes(eqn, cast_up) - 1)
             if name == "conv_general_dilated":
                 cost.conv_flops += mult * conv_flops(eqn)
                 cost.conv_skipped_flops += mult * conv_flops(eqn) * (1 - conv_dilation_share(eqn))
@@ -303,6 +337,7 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
     into.conv_flops += worst.conv_flops
     into.conv_skipped_flops += worst.conv_skipped_flops
     into.conv_mxu_flops += worst.conv_mxu_flops
+    into.multipass_flops += worst.multipass_flops
     into.loop_iterations += worst.loop_iterations
     into.dma_bytes += max(c.dma_bytes for c in branches)
     into.accesses += max(c.accesses for c in branches)

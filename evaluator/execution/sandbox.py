@@ -29,6 +29,7 @@ from evaluator.execution.backends import Backend
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Only these survive into a worker's environment: no tokens, keys or proxies.
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_TPU_ENV_PREFIXES = ("TPU_", "LIBTPU_")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,18 @@ class EvaluatorBug(RuntimeError):
     """The evaluator's own code failed in a worker: loud, never turned into a verdict."""
 
 
+def worker_environment(backend: Backend, workdir: Path, host: dict[str, str]) -> dict[str, str]:
+    """The scrubbed environment a worker starts with. The host's PYTHONPATH stays behind the
+    project's: a TPU image may install jax and libtpu only there. On a real TPU the host's
+    TPU_* and LIBTPU_* variables stay too: they describe the chip libtpu is to open."""
+    env = {k: v for k, v in host.items()
+           if k in _ENV_KEEP or (backend.platform == "tpu" and k.startswith(_TPU_ENV_PREFIXES))}
+    env.update(HOME=str(workdir), TMPDIR=str(workdir),
+               PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), host.get("PYTHONPATH", "")) if p),
+               PYTHONDONTWRITEBYTECODE="1", JAX_PLATFORMS=backend.platform, TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
 class Worker:
     """One worker process. Not thread-safe: a pool hands it to one thread at a time."""
 
@@ -70,11 +83,7 @@ class Worker:
         self.root = Path(tempfile.mkdtemp(prefix="pallas-eval-"))
         workdir = self.root / "work"
         workdir.mkdir()
-        env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
-        env.update(HOME=str(workdir), TMPDIR=str(workdir), PYTHONPATH=str(PROJECT_ROOT),
-                   PYTHONDONTWRITEBYTECODE="1", JAX_PLATFORMS=self.backend.platform,
-                   # TPU hosts: keep the worker off the host's libtpu lock files etc.
-                   TF_CPP_MIN_LOG_LEVEL="2")
+        env = worker_environment(self.backend, workdir, os.environ)
         if self.backend.topology_compile:
             # libtpu compiles for a described topology; these keep it from probing for a TPU.
             # No chip is claimed, so several workers may load libtpu at once (it would

@@ -45,7 +45,9 @@ def watch_host(host_pid: int, interval_s: float = HOST_CHECK_S) -> threading.Thr
 def main() -> None:
     args = _parse_args()
     watch_host(os.getppid())
-    isolation.limit_resources(args.memory_gb)
+    # libtpu maps the chip's memory into the worker's address space (seen on a v5e: "Couldn't
+    # mmap: Cannot allocate memory" under an 8 GiB cap), so a worker on a chip has no cap.
+    isolation.limit_resources(0 if args.platform == "tpu" else args.memory_gb)
     granted = isolation.isolate(args.read_only, network=args.platform != "tpu")
     proto_in, proto_out = isolation.take_protocol_pipes()
     os.environ["JAX_PLATFORMS"] = args.platform

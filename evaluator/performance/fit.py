@@ -26,7 +26,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "xla_efficiency": (0.2, 2.0),
     "conv_efficiency": (0.1, 1.0),
     "loop_iteration_s": (0.1e-6, 20e-6),
-    "dispatch_s": (1e-6, 0.3e-3),
+    # Up to 2 ms: a virtualised TPU host (gVisor, v5e) took 0.6-0.8 ms per synchronised call.
+    "dispatch_s": (1e-6, 2e-3),
 }
 GRID_POINTS = 25
 ROUNDS = 4

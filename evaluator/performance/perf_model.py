@@ -38,6 +38,7 @@ class KernelEstimate:
     unbounded_trips_from: str = ""
     f32_matmul_flops: float = 0.0  # of flops: matmuls on float32 operands
     runs: float = 1.0  # times the call runs (loops around it outside kernels)
+    multipass_flops: float = 0.0  # beyond flops: dots' extra MXU passes (the speed prediction prices them)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class PerfEstimate:
     glue_bytes: float = 0.0
     glue_conv_flops: float = 0.0      # of glue_flops: convolutions,
     glue_conv_mxu_flops: float = 0.0  # and the same with their feature dims padded to MXU tiles
+    glue_multipass_flops: float = 0.0  # beyond glue_flops: its dots' extra MXU passes
 
     @property
     def lower_bound(self) -> bool:
@@ -97,7 +99,8 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
     flops = call.flops
     time_s = roofline(flops, moved, gen, call.f32_matmul_flops) + steps * call.runs * GRID_STEP_S
     return KernelEstimate(call.name, steps, moved, flops, time_s, data_dependent,
-                          call.data_dependent_trips, call.unbounded_trips_from, call.f32_matmul_flops, call.runs)
+                          call.data_dependent_trips, call.unbounded_trips_from, call.f32_matmul_flops, call.runs,
+                          call.multipass_flops)
 
 
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,
@@ -131,7 +134,7 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
         grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)),
         glue_flops=outside.flops + outside.heavy_flops, glue_f32_matmul_flops=outside.f32_matmul_flops,
         glue_bytes=min(glue_bytes, summary.glue_fused_bytes), glue_conv_flops=outside.conv_flops,
-        glue_conv_mxu_flops=outside.conv_mxu_flops)
+        glue_conv_mxu_flops=outside.conv_mxu_flops, glue_multipass_flops=outside.multipass_flops)
 
 
 def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration,

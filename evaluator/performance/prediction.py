@@ -29,6 +29,7 @@ class KernelWork:
     f32_matmul_flops: float
     hbm_bytes: float
     grid_steps: float  # over all its runs
+    multipass_flops: float = 0.0  # beyond flops: its dots' extra MXU passes
 
 
 @dataclass
@@ -45,13 +46,16 @@ class CaseInputs:
     xla_unavailable: str = ""  # why there is no XLA figure
     glue_conv_flops: float = 0.0  # of glue_flops: convolutions left to XLA, and as the MXU runs them
     glue_conv_mxu_flops: float = 0.0
+    glue_multipass_flops: float = 0.0  # beyond glue_flops: the extra MXU passes of its dots
 
     @classmethod
     def of(cls, est: PerfEstimate, reference: Cost, xla: XlaProgramCost | str) -> "CaseInputs":
-        return cls([KernelWork(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs) for k in est.kernels],
+        return cls([KernelWork(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs, k.multipass_flops)
+                    for k in est.kernels],
                    est.glue_flops, est.glue_f32_matmul_flops, est.glue_bytes, ReferenceWork.of(reference),
                    est.ideal_bytes, xla if isinstance(xla, XlaProgramCost) else None,
-                   xla if isinstance(xla, str) else "", est.glue_conv_flops, est.glue_conv_mxu_flops)
+                   xla if isinstance(xla, str) else "", est.glue_conv_flops, est.glue_conv_mxu_flops,
+                   est.glue_multipass_flops)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CaseInputs":
@@ -92,7 +96,7 @@ def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration
     parts = {"compute": 0.0, "memory": 0.0, "step overhead": 0.0}
     total = 0.0
     for k in inputs.kernels:
-        compute = compute_time(k.flops, k.f32_matmul_flops, gen, calibration.f32_matmul_share) / (
+        compute = compute_time(k.flops + k.multipass_flops, k.f32_matmul_flops, gen, calibration.f32_matmul_share) / (
             calibration.compute_efficiency)
         memory = k.hbm_bytes / bandwidth
         steps = k.grid_steps * calibration.grid_step_s
@@ -100,7 +104,8 @@ def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration
         parts["memory"] += memory
         parts["step overhead"] += steps
         total += max(compute, memory) + steps
-    glue_compute = (compute_time(inputs.glue_flops, inputs.glue_f32_matmul_flops, gen, calibration.f32_matmul_share)
+    glue_compute = (compute_time(inputs.glue_flops + inputs.glue_multipass_flops, inputs.glue_f32_matmul_flops, gen,
+                                 calibration.f32_matmul_share)
                     + conv_extra_time(inputs.glue_conv_flops, inputs.glue_conv_mxu_flops, gen,
                                       calibration.conv_efficiency))
     glue_memory = inputs.glue_bytes / bandwidth

@@ -117,7 +117,8 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
     loops_s = ours.loop_iterations * calibration.loop_iteration_s
     if xla is None:
         convs_s = conv_extra_time(ours.conv_flops, ours.conv_mxu_flops, gen, calibration.conv_efficiency)
-        seconds = max(compute_time(ours.flops, ours.f32_matmul_flops, gen, calibration.f32_matmul_share) + convs_s,
+        seconds = max(compute_time(ours.flops + ours.multipass_flops, ours.f32_matmul_flops, gen,
+                                   calibration.f32_matmul_share) + convs_s,
                       ideal_bytes / bandwidth)
         return ReferenceTime(max(seconds + loops_s, MIN_CALL_S) + calibration.dispatch_s, "model",
                              [unavailable] if unavailable else [])
@@ -131,6 +132,11 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
         # XLA prices every dot at the bf16 peak; a chip runs f32 operands at the f32 share of it.
         seconds += ours.f32_matmul_flops / gen.bf16_flops_per_s * (1 / calibration.f32_matmul_share - 1)
         notes.append(f"{ours.f32_matmul_flops / 1e9:.3g} GFLOP of f32 matmuls at the f32 rate, not XLA's bf16 peak")
+    if ours.multipass_flops:
+        # XLA prices a dot once whatever its precision; HIGH and HIGHEST run it in 3 or 6 passes.
+        seconds += ours.multipass_flops / gen.bf16_flops_per_s
+        notes.append(f"{ours.multipass_flops / 1e9:.3g} GFLOP of extra MXU passes (dots at HIGH or HIGHEST "
+                     "precision), which XLA's model leaves out")
     if ours.conv_flops:
         # XLA prices a convolution's FLOPs (not the taps on a dilation's zeros) at the peak,
         # whatever its feature counts.
@@ -166,11 +172,12 @@ class ReferenceWork:
     conv_flops: float = 0.0
     conv_mxu_flops: float = 0.0
     conv_skipped_flops: float = 0.0
+    multipass_flops: float = 0.0  # beyond flops: dots' extra MXU passes (jaxpr_cost.mxu_passes)
 
     @classmethod
     def of(cls, cost: Cost) -> "ReferenceWork":
         return cls(cost.flops, cost.f32_matmul_flops, cost.loop_iterations, cost.conv_flops, cost.conv_mxu_flops,
-                   cost.conv_skipped_flops)
+                   cost.conv_skipped_flops, cost.multipass_flops)
 
 
 class XlaCostCache:
