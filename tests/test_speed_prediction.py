@@ -103,15 +103,28 @@ def _conv_cost(in_features: int, out_features: int, groups: int = 1) -> Cost:
 
 def test_a_convolution_counts_its_flops_as_the_mxu_runs_them_padded_to_whole_tiles():
     """3 input channels times 9 taps contract 27 values in a 128-wide tile and 16 output features
-    fill an eighth of one; 128 in and 256 out fill every tile; each of 4 groups of 32 features out
-    of 128 pads its own."""
+    fill an eighth of one; 128 in and 256 out fill every tile; 4 groups of 32 features out of 128
+    share one output tile, block-diagonally; 2 groups of 256 fill their own tiles."""
     small = _conv_cost(3, 16)
     assert small.conv_flops == small.flops == 2 * 8 * 32 * 32 * 16 * 27
     assert small.conv_mxu_flops == pytest.approx(small.conv_flops * (128 / 27) * (128 / 16))
     full = _conv_cost(128, 256)
     assert full.conv_mxu_flops == pytest.approx(full.conv_flops)
     grouped = _conv_cost(128, 128, groups=4)
-    assert grouped.conv_mxu_flops == pytest.approx(grouped.conv_flops * (384 / 288) * (128 / 32))
+    assert grouped.conv_mxu_flops == pytest.approx(grouped.conv_flops * (1152 * 128) / (4 * 288 * 32))
+    wide = _conv_cost(512, 512, groups=2)
+    assert wide.conv_mxu_flops == pytest.approx(wide.conv_flops)
+
+
+def test_a_depthwise_convolution_runs_128_channels_to_a_tile_not_a_tile_a_channel():
+    """One channel a group: 9 taps contract against one output feature. The MXU takes 128
+    channels block-diagonally in one tile (JAXBench level 1 references 82 and 84 ran 7x and 15x
+    faster on a v6e than a tile a channel prices them), so 64 channels pad to one tile, 144 to two."""
+    narrow = _conv_cost(64, 64, groups=64)
+    assert narrow.conv_flops == 2 * 8 * 32 * 32 * 64 * 9
+    assert narrow.conv_mxu_flops == pytest.approx(narrow.conv_flops * (640 * 128) / (64 * 9))
+    wide = _conv_cost(144, 144, groups=144)
+    assert wide.conv_mxu_flops == pytest.approx(wide.conv_flops * (2 * 1152 * 128) / (144 * 9))
 
 
 def test_a_transposed_convolutions_taps_on_its_dilation_zeros_are_neither_run_nor_missing_from_xla():

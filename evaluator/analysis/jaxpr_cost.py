@@ -187,15 +187,23 @@ def conv_mxu_flops(eqn: Any) -> float:
     """A convolution's FLOPs as the MXU runs them: each group a matmul whose contraction (the
     window's taps times the group's input features, which XLA folds together when the features
     are few) and whose output features are padded up to whole MXU tiles. A 3-channel 3x3 conv
-    contracts 27 values in a 128-wide tile; 16 output features fill an eighth of one. Taps on the
-    zeros of an lhs dilation are not run (conv_dilation_share)."""
+    contracts 27 values in a 128-wide tile; 16 output features fill an eighth of one. Groups run
+    one at a time, or packed block-diagonally as many as fill a 128-wide output tile, whichever
+    pads less: a depthwise conv's 128 channels share one tile, not a tile each. Taps on the zeros
+    of an lhs dilation are not run (conv_dilation_share)."""
     rhs_shape = eqn.invars[1].aval.shape
     out_dim = eqn.params["dimension_numbers"].rhs_spec[0]
     groups = max(int(eqn.params.get("feature_group_count", 1)), int(eqn.params.get("batch_group_count", 1)))
     out_features = max(int(rhs_shape[out_dim]) // groups, 1)
     contraction = max(math.prod(rhs_shape) // max(int(rhs_shape[out_dim]), 1), 1)
-    padding = (_padded(contraction) / contraction) * (_padded(out_features) / out_features)
-    return conv_flops(eqn) * conv_dilation_share(eqn) * padding
+
+    def padding(packed: int) -> float:  # MXU work over the nominal, `packed` groups to a matmul
+        tiles = -(-groups // packed)
+        return (tiles * _padded(contraction * packed) * _padded(out_features * packed)
+                / (groups * contraction * out_features))
+
+    packed = min(groups, max(MXU_TILE // out_features, 1))
+    return conv_flops(eqn) * conv_dilation_share(eqn) * min(padding(1), padding(packed))
 
 
 def conv_dilation_share(eqn: Any) -> float:
