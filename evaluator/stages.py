@@ -723,7 +723,7 @@ def _run_case(ctx: GradingContext, case: Case, result: CaseResult, host: ThreadP
     expected = host.submit(expected_outputs)
     program = ctx.program_of(case)
     summary = ctx.summaries.get(program)
-    races = summary is None or any(call.races_possible for call in summary.pallas_calls)
+    races = summary is None or summary.races_possible
     limit = step_limits.run_limit(summary, len(result.seeds),
                                   ctx.limits.step_timeout_s, ctx.limits.run_ceiling_s)
     result.limit_s = limit.seconds

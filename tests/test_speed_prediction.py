@@ -10,6 +10,7 @@ import pytest
 
 from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.digest import task_digest
+from evaluator.execution.sandbox import Limits
 from evaluator.performance.calibration import MIN_CALL_S, Calibration
 from evaluator.performance.fit import Sample, agreement, fit, spearman
 from evaluator.performance.hardware import GENERATIONS
@@ -309,6 +310,31 @@ def test_a_loop_in_a_reference_costs_its_iterations(with_libtpu, tmp_path):
     c = Calibration(loop_iteration_s=1e-6)
     assert price_reference(xla, ReferenceWork.of(ours), 1e9, GEN, c).time_s >= (
         xla.optimal_s + case.dims["T"] * 1e-6)
+
+
+def test_a_compile_cut_short_by_this_machines_limits_is_not_kept_on_disk(with_libtpu, tmp_path):
+    """A reference compile that runs over the limit (or crashes) says so for the rest of the run,
+    but a later run, with more time or memory, compiles it: only the compiler's own answers
+    are cached."""
+    import tasks
+    from evaluator.stages import case_spec
+
+    task = tasks.get_task("softmax")
+    case = task.select("train", "check")[0]
+    hurried = ReferenceCosts(task_digest, cache=XlaCostCache(tmp_path), compile_s=0.01)
+    try:
+        why = hurried.cost(task, case, case_spec(task, case), GEN)
+        assert isinstance(why, str) and "no result after" in why
+        assert hurried.cost(task, case, case_spec(task, case), GEN) == why  # not waited for twice
+    finally:
+        hurried.close()
+    assert not list(tmp_path.glob("*.json"))
+    patient = ReferenceCosts(task_digest, cache=XlaCostCache(tmp_path))
+    try:
+        assert isinstance(patient.cost(task, case, case_spec(task, case), GEN), XlaProgramCost)
+    finally:
+        patient.close()
+    assert patient.limits.memory_gb > Limits().memory_gb  # libtpu maps more than a grading worker may
 
 
 def test_every_verdict_past_lowering_carries_a_predicted_speedup(with_libtpu, evaluator):

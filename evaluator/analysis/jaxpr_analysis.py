@@ -141,6 +141,12 @@ class TraceSummary:
     glue_fused_bytes: float = 0.0
 
     @property
+    def races_possible(self) -> bool:
+        """Whether the race detector must run for this program: it is on for a whole run when
+        any of its kernels starts DMAs of its own."""
+        return any(call.races_possible for call in self.pallas_calls)
+
+    @property
     def kernel_flops(self) -> float:
         """FLOPs inside all kernels (flops per grid step x grid steps x runs, summed), to set
         against the reference's; 0 unless summarize ran with traffic=True."""

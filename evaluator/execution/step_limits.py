@@ -62,8 +62,8 @@ def interpret_work(summary: TraceSummary) -> tuple[float, float]:
 
 def race_detector_s(summary: TraceSummary) -> float:
     """What the race detector adds to one run of a case's kernels: it is on for the whole program
-    when any call may race (evaluator/stages.py), and each call's cost is quadratic in its accesses."""
-    if not any(call.races_possible for call in summary.pallas_calls):
+    when any call may race, and each call's cost is quadratic in its accesses."""
+    if not summary.races_possible:
         return 0.0
     return sum(call.runs * RACE_PAIR_S * (call.grid_steps * call.accesses_per_step) ** 2
                for call in summary.pallas_calls)

@@ -4,9 +4,10 @@ Looked up in the disk cache (evaluator/performance/xla_cost.py, XlaCostCache) fi
 the costs shipped with the project (SHIPPED_XLA_COSTS: our tasks' references at their bench
 cases, written by `python -m evaluator estimate --ship-xla-costs`), else compiled by libtpu in
 workers of their own: no candidate's code is loaded there, so a libtpu crash or a slow compile
-costs the candidate's grading nothing but the prediction's XLA side. A compile that fails,
-crashes or runs over REFERENCE_COMPILE_S is recorded as such: the next grading of the same
-reference does not wait for it again.
+costs the candidate's grading nothing but the prediction's XLA side. A compile that XLA rejects
+is recorded on disk as such: the next grading of the same reference does not wait for it again.
+A worker that crashed or ran over REFERENCE_COMPILE_S is remembered for this run only: those
+depend on this machine's limits and load, and a later run may get further.
 """
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ NO_LIBTPU = "libtpu is not installed (pip install -e '.[tpu-compile]')"
 # The longest a reference's compile may take (JAXBench's took a median 4.6 s, at most 122 s, and
 # a 3-D transposed convolution over 5 minutes): longer, the prediction prices it by our model.
 REFERENCE_COMPILE_S = 150.0
+# A reference's compile worker loads no candidate, so it may map more than a grading worker's
+# 8 GiB: libtpu's compile of a large 3-D transposed convolution (JAXBench level 1's 58) peaked
+# at 6.9 GiB resident and died on the 8 GiB address-space cap ("mmap error: 12"), as did level
+# 1's 62 and level 2's 13; all three compile under 16 GiB (level 2's 38 and 44 crash libtpu
+# whatever the cap).
+REFERENCE_COMPILE_GB = 16.0
 SHIPPED_XLA_COSTS = Path(tasks.__file__).parent / "xla_costs.json"
 
 
@@ -51,7 +58,8 @@ class ReferenceCosts:
         `compile_s`, `retry_errors`: the compile limit, and whether a failure the cache recorded is
         compiled again (shipping the costs waits longer than a grading, and once)."""
         self.digest = digest
-        self.limits = dataclasses.replace(limits, step_timeout_s=compile_s)
+        self.limits = dataclasses.replace(limits, step_timeout_s=compile_s,
+                                          memory_gb=max(limits.memory_gb, REFERENCE_COMPILE_GB))
         self.retry_errors = retry_errors
         self.cache = cache or XlaCostCache(shipped=SHIPPED_XLA_COSTS)
         self.libtpu = libtpu_version()
@@ -59,24 +67,35 @@ class ReferenceCosts:
         self._workers = max(1, workers)
         self._lock = threading.Lock()
         self._keys: dict[str, threading.Lock] = {}
+        self._this_run: dict[str, str] = {}  # worker crashes and timeouts, not kept on disk
 
     def cost(self, task: Task, case: Case, spec: CaseSpec, gen: TpuGeneration) -> XlaProgramCost | str:
         if self.libtpu is None:
             return NO_LIBTPU
         key = self.key(task, spec, gen)
-        hit = self.cache.get(key)
-        if hit is not None and not (self.retry_errors and isinstance(hit, str)):
+        hit = self._known(key)
+        if hit is not None:
             return hit
         with self._lock:
             key_lock = self._keys.setdefault(key, threading.Lock())
             if self._pool is None:
                 self._pool = WorkerPool(BACKENDS["tpu-compile"], size=self._workers, limits=self.limits)
         with key_lock:  # the same reference asked twice at once is compiled once
-            hit = self.cache.get(key)
-            if hit is None or self.retry_errors and isinstance(hit, str):
-                hit = self._compile(task, case, spec, gen)
-                self.cache.put(key, hit)
+            hit = self._known(key)
+            if hit is None:
+                hit, keep = self._compile(task, case, spec, gen)
+                if keep:
+                    self.cache.put(key, hit)
+                else:
+                    self._this_run[key] = hit
             return hit
+
+    def _known(self, key: str) -> XlaProgramCost | str | None:
+        """What an earlier compile said, unless it is an error to be tried again."""
+        hit = self.cache.get(key)
+        if isinstance(hit, str) and self.retry_errors:
+            return None
+        return hit if hit is not None else self._this_run.get(key)
 
     def key(self, task: Task, spec: CaseSpec, gen: TpuGeneration) -> str:
         """What a compiled cost is kept under: the reference's code, the case, the topology and
@@ -85,7 +104,9 @@ class ReferenceCosts:
 
         return self.cache.key(self.digest(task), spec.name, spec.args, gen.topology, jax.__version__, self.libtpu)
 
-    def _compile(self, task: Task, case: Case, spec: CaseSpec, gen: TpuGeneration) -> XlaProgramCost | str:
+    def _compile(self, task: Task, case: Case, spec: CaseSpec, gen: TpuGeneration
+                 ) -> tuple[XlaProgramCost | str, bool]:
+        """(the cost or why there is none, whether the answer is the compiler's own and so kept)."""
         request = ReferenceCost(task.name, spec, gen.topology)
         if task.external is not None:
             request.reference_source, request.reference_function, request.reference_args = (
@@ -97,11 +118,11 @@ class ReferenceCosts:
                                                      f"for {gen.name}")
             except WorkerError as exc:  # a libtpu crash or a compile over the limit: it would do it again
                 worker.kill()
-                return f"compiling the reference for {gen.name} failed: {exc}"
+                return f"compiling the reference for {gen.name} failed: {exc}", False
         if isinstance(reply, Costed):
-            return XlaProgramCost(**reply.cost)
+            return XlaProgramCost(**reply.cost), True
         return (f"XLA could not compile the reference for {gen.name}: {reply.error_type}: "
-                f"{reply.error.splitlines()[0] if reply.error else ''}")
+                f"{reply.error.splitlines()[0] if reply.error else ''}"), True
 
     def close(self) -> None:
         if self._pool is not None:
