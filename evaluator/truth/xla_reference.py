@@ -116,7 +116,7 @@ class ReferenceCosts:
             try:
                 reply, _ = worker.call(request, what=f"compiling the reference of {task.name} at {spec.name} "
                                                      f"for {gen.name}")
-            except WorkerError as exc:  # a libtpu crash or a compile over the limit: it would do it again
+            except WorkerError as exc:  # a libtpu crash or a compile over the limit: said for this run only
                 worker.kill()
                 return f"compiling the reference for {gen.name} failed: {exc}", False
         if isinstance(reply, Costed):
