@@ -145,3 +145,23 @@ def test_tpu_rounding_of_the_reference_widens_only_where_the_dots_round():
     # A wrong kernel still fails, slack or not.
     assert not compare(exact * 1.05, exact, tight, rounded).ok
     assert not compare(np.zeros_like(exact), exact, tight, rounded).ok
+
+
+def _gated_ragged(x, w_gate, w_up, sizes):
+    gate = jax.lax.ragged_dot(x, w_gate, sizes, preferred_element_type=jnp.float32)
+    return jax.nn.silu(gate) * jax.lax.ragged_dot(x, w_up, sizes, preferred_element_type=jnp.float32)
+
+
+def test_tpu_rounding_covers_ragged_dots():
+    """lax.ragged_dot runs on the MXU as any dot does: a grouped kernel whose dots round as the
+    TPU's is judged against the reference rounded the same way."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((96, 256)).astype(np.float32)
+    w_gate, w_up = ((rng.standard_normal((3, 256, 128)) / 16).astype(np.float32) for _ in range(2))
+    sizes = np.array([40, 0, 56], np.int32)
+    exact = np.asarray(jax.jit(_gated_ragged)(x, w_gate, w_up, sizes))
+    rounded = np.asarray(jax.jit(with_tpu_dots(_gated_ragged))(x, w_gate, w_up, sizes))
+    as_bf16 = [a.astype(jnp.bfloat16).astype(np.float32) for a in (x, w_gate, w_up)]
+    kernel_out = np.asarray(jax.jit(_gated_ragged)(*as_bf16, sizes))
+    np.testing.assert_allclose(rounded, kernel_out, rtol=1e-5, atol=1e-5)
+    assert np.any(rounded != exact)
