@@ -5,7 +5,9 @@
 Measured: `benchmark/results.csv` (device-profiler times of the benchmark workloads' XLA baselines
 and optimized kernels; the k-workloads timed in bf16, as their run_all.py builds them) and
 `pallas_eval/results/eval_<model>.json` (wall-clock times of each generated kernel that their
-harness found correct, and of the reference it faced). Predicted: `python -m evaluator estimate
+harness found correct, and of the reference it faced; their harness closes over a KernelBench
+model's weights, zeros in most of level 2, which XLA folds: the reference is compiled as they
+timed it, `HarnessTiming`). Predicted: `python -m evaluator estimate
 --suite jaxbench:PATH [--attempts MODEL] --json`, run once into runs/perf-agreement/ and reused.
 
 `--fit` fits the calibration constants on the tuning set only (the benchmark workloads and
@@ -18,6 +20,7 @@ base rate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import json
@@ -106,8 +109,71 @@ def bf16_inputs(suite: Path, rows: list[dict[str, Any]]) -> dict[str, CaseInputs
     return out
 
 
-def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]]) -> list[Sample]:
-    """A model's kernels that JAXBench's harness found correct and timed, with their references."""
+class HarnessTiming:
+    """KernelBench references as JAXBench's harness timed them (suites/jaxbench_harness.py: the
+    model's own weights closed over, zeros in most of level 2, which XLA folds away), compiled
+    when first asked for: XLA's cost of that program, and our count of the reference's work
+    (f32 matmuls, extra MXU passes, convolutions) scaled by the share of its FLOPs XLA kept
+    (its count of the timed program over its count with the weights as arguments)."""
+
+    DRIVER = "suites.jaxbench_harness:harness_timed_reference"
+
+    def __init__(self, suite: Path):
+        from evaluator.digest import code_digest, task_digest
+        from evaluator.truth.xla_reference import ReferenceCosts
+        from suites.resolver import TaskResolver
+
+        harness = code_digest(("suites.jaxbench_harness",))  # not in the adapter's digest
+        self.costs = ReferenceCosts(lambda task: task_digest(task) + harness)
+        self.resolver = TaskResolver([f"jaxbench:{suite}"])
+
+    def inputs(self, row: dict[str, Any], inputs: CaseInputs) -> CaseInputs:
+        """The row's case inputs with its reference as the harness timed it (unchanged for a
+        priority workload, whose inputs their harness passes as arguments, as we do)."""
+        from evaluator.stages import case_spec
+
+        if not row["task"].startswith("kernelbench-jax/"):
+            return inputs
+        task = self.resolver.task(row["task"])
+        case = next(c for c in task.cases if c.name in row["cases"])
+        spec = case_spec(task, case)
+        spec.args = spec.args[:task.external.described[case.name].n_inputs]
+        spec.name += "_as_harness_timed"
+        source = task.external.sources[case.name]
+        xla = self.costs.cost(dataclasses.replace(task, external=_Timed(task.external, (source, self.DRIVER, []))),
+                              case, spec, GEN)
+        if isinstance(xla, str):
+            return inputs  # no figure for what was timed: the reference's as a grading times it
+        whole = inputs.xla.flops if inputs.xla is not None else inputs.reference.flops
+        kept = min(1.0, xla.flops / whole) if whole > 0 else 1.0
+        r = inputs.reference
+        reference = dataclasses.replace(r, flops=r.flops * kept, f32_matmul_flops=r.f32_matmul_flops * kept,
+                                        conv_flops=r.conv_flops * kept, conv_mxu_flops=r.conv_mxu_flops * kept,
+                                        conv_skipped_flops=r.conv_skipped_flops * kept,
+                                        multipass_flops=r.multipass_flops * kept)
+        return dataclasses.replace(inputs, reference=reference, xla=xla, xla_unavailable="")
+
+    def close(self) -> None:
+        self.costs.close()
+        self.resolver.close()
+
+
+class _Timed:
+    """An imported task's reference (oracle.SuiteReference) whose timed program is another one."""
+
+    def __init__(self, external: Any, timed: tuple[str, str, list[Any]]):
+        self._external, self._timed = external, timed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._external, name)
+
+    def timing_reference(self, case: Any) -> tuple[str, str, list[Any]]:
+        return self._timed
+
+
+def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]], harness: HarnessTiming) -> list[Sample]:
+    """A model's kernels that JAXBench's harness found correct and timed, with their references
+    as it timed them."""
     from suites.attempts import discover
 
     timed = {a.key: a for a in discover(suite, [model]) if a.theirs is not None and a.theirs.verdict == "correct"}
@@ -125,7 +191,8 @@ def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]]) -> list
         record = records.get((suite_name, level, attempt.path.stem.removesuffix(f"_{model}")))
         if not record or not record.get("generated_ms") or not record.get("original_ms"):
             continue
-        samples.append(Sample(row["candidate"], model, inputs, record["generated_ms"] / 1e3, record["original_ms"] / 1e3))
+        samples.append(Sample(row["candidate"], model, harness.inputs(row, inputs), record["generated_ms"] / 1e3,
+                              record["original_ms"] / 1e3))
     return samples
 
 
@@ -145,10 +212,11 @@ def figures(samples: list[Sample], c: calib.Calibration, gen: TpuGeneration = GE
     return out
 
 
-def flop_check(samples: list[Sample]) -> str:
-    """Our FLOP count of each reference against XLA's where XLA sees all of it (no custom call,
-    no loop): a check of the counting both sides of the prediction rest on."""
-    whole = {(i.xla.flops, i.xla.bytes_accessed, i.reference.flops): i for i in (s.inputs for s in samples)
+def flop_check(cases: list[CaseInputs]) -> str:
+    """Our FLOP count of each reference, as a grading compiles it, against XLA's where XLA sees
+    all of it (no custom call, no loop): a check of the counting both sides of the prediction
+    rest on."""
+    whole = {(i.xla.flops, i.xla.bytes_accessed, i.reference.flops): i for i in cases
              if i.xla is not None and not i.xla.custom_calls and not i.xla.while_loops and i.reference.flops > 0}
     seen = list(whole.values())  # each reference once, however many kernels faced it
     # Taps on a transposed convolution's inserted zeros: in our count (for the work rules), not in XLA's.
@@ -221,23 +289,25 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     solutions = estimate_rows(args.suite, None, args.workers)
-    tuning = {"benchmark workloads": workload_samples(args.suite, solutions, bf16_inputs(args.suite, solutions)),
-              f"{TUNING_MODEL} kernels": attempt_samples(args.suite, TUNING_MODEL,
-                                                         estimate_rows(args.suite, TUNING_MODEL, args.workers))}
-    before = calib.Calibration()
-    after = calib.load()
-    if args.fit:
-        after = fit([s for samples in tuning.values() for s in samples], GEN, before,
-                    fitted_on=f"JAXBench v6e: benchmark workloads and {TUNING_MODEL}'s kernels "
-                              f"({sum(map(len, tuning.values()))} cases)")
-        calib.save(after, args.calibration)
-        print(f"wrote {args.calibration}: {after}", file=sys.stderr)
-    sets = dict(tuning)
-    if args.heldout:
-        sets[f"{HELDOUT_MODEL} kernels (held out)"] = attempt_samples(
-            args.suite, HELDOUT_MODEL, estimate_rows(args.suite, HELDOUT_MODEL, args.workers))
+    with contextlib.closing(HarnessTiming(args.suite)) as harness:
+        tuning = {"benchmark workloads": workload_samples(args.suite, solutions, bf16_inputs(args.suite, solutions)),
+                  f"{TUNING_MODEL} kernels": attempt_samples(args.suite, TUNING_MODEL,
+                                                             estimate_rows(args.suite, TUNING_MODEL, args.workers),
+                                                             harness)}
+        before = calib.Calibration()
+        after = calib.load()
+        if args.fit:
+            after = fit([s for samples in tuning.values() for s in samples], GEN, before,
+                        fitted_on=f"JAXBench v6e: benchmark workloads and {TUNING_MODEL}'s kernels "
+                                  f"({sum(map(len, tuning.values()))} cases)")
+            calib.save(after, args.calibration)
+            print(f"wrote {args.calibration}: {after}", file=sys.stderr)
+        sets = dict(tuning)
+        if args.heldout:
+            sets[f"{HELDOUT_MODEL} kernels (held out)"] = attempt_samples(
+                args.suite, HELDOUT_MODEL, estimate_rows(args.suite, HELDOUT_MODEL, args.workers), harness)
     print(table(sets, {"assumed": before, "fitted": after}))
-    print("\n" + flop_check([s for samples in sets.values() for s in samples]))
+    print("\n" + flop_check([i for i in map(case_inputs, solutions) if i is not None]))
     if args.plot:
         plot(sets, after, args.plot)
     if args.json:

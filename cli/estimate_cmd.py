@@ -91,7 +91,7 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
     of what is new (building a task runs their code, the slow part of a listing) and prices
     the rest again."""
     from evaluator.digest import evaluator_digest
-    from suites import LoadError, listing
+    from suites import listing
 
     names = args.task or suite.names()
     unknown = [n for n in names if n not in suite.entries]
@@ -104,7 +104,7 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
     settings = [evaluator_digest(), gen, args.split]  # not the constants: a kept row is priced again
     store = None if args.no_cache else RowStore(args.cache / "rows")
     rows: dict[int, dict] = {}
-    todo: list[tuple[int, Any, str, str, str]] = []
+    missing: list[tuple[int, str, str, str, str]] = []
     for i, (name, label, text) in enumerate(wanted):
         entry = suite.entries[name]
         record = listing.lookup(entry)
@@ -113,19 +113,41 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
         key = RowStore.key(listing.entry_key(entry), label, text, settings)
         if store is not None and (row := store.get(key)) is not None:
             rows[i] = priced(row)
-            continue
-        try:
-            task = suite.task(name)
-        except LoadError as exc:
-            print(f"not loaded: {name}: {exc}", file=sys.stderr)
-            continue
-        todo.append((i, task, label, text, key))
+        else:
+            missing.append((i, name, label, text, key))
+    built = _build_tasks(suite, sorted({name for _, name, *_ in missing}), args.workers)
+    todo = [(i, built[name], label, text, key) for i, name, label, text, key in missing if name in built]
     estimated = _estimate(args, [(task, label, text) for _, task, label, text, _ in todo], gen)
     for (i, _, _, _, key), row in zip(todo, estimated):
         rows[i] = row
         if store is not None:
             store.put(key, row)
     return [rows[i] for i in sorted(rows)]
+
+
+def _build_tasks(suite: Any, names: list[str], workers: int) -> dict[str, Any]:
+    """The entries' tasks, built `workers` at once (building runs their code: on a cold
+    checkout the slowest part after the reference compiles); those that cannot be tasks are said
+    on stderr and left out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rich.progress import Progress
+
+    from suites import LoadError
+
+    def one(name: str) -> Any:
+        try:
+            return suite.task(name)
+        except LoadError as exc:
+            print(f"not loaded: {name}: {exc}", file=sys.stderr)
+            return None
+        finally:
+            bar.advance(todo)
+
+    with Progress(console=Console(stderr=True), transient=True) as bar, ThreadPoolExecutor(max(1, workers)) as pool:
+        todo = bar.add_task(f"building {len(names)} tasks", total=len(names))
+        tasks = dict(zip(names, pool.map(one, names)))
+    return {name: task for name, task in tasks.items() if task is not None}
 
 
 # Shipping compiles each reference once, offline: it waits longer than a grading does (a decoder

@@ -7,6 +7,7 @@ Their files are read here as text; their code runs only in a sandboxed worker
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from suites.oracle import ReferenceFailed, ReferenceRunner
 from tasks.spec import Task
 
 KINDS = ("jaxbench",)
+# Workers that run a suite's code: entries build (and references run) this many at once.
+BUILD_WORKERS = min(2, os.cpu_count() or 1)
 
 
 class SuiteError(ValueError):
@@ -28,15 +31,16 @@ class Suite:
     code in the sandbox). Imported tasks stay out of the `tasks` registry: `all_tasks()` is our
     suite, and graders take the Task objects this returns."""
 
-    def __init__(self, kind: str, root: Path):
+    def __init__(self, kind: str, root: Path, workers: int = BUILD_WORKERS):
         self.kind, self.root = kind, root
         self.spec = f"{kind}:{root.resolve()}"  # what opens this checkout again, in any process
         self.entries = {e.name: e for e in discover(root)}
-        self.runner = ReferenceRunner()
+        self.runner = ReferenceRunner(workers=workers)
         self.loaded: dict[str, Loaded] = {}
         self.failed: dict[str, str] = {}
         self.records: dict[str, LoadRecord] = {}  # what each build found, also in the load cache
         self._lock = threading.Lock()
+        self._building: dict[str, threading.Lock] = {}  # one per entry: others build meanwhile
 
     def names(self) -> list[str]:
         return list(self.entries)
@@ -47,6 +51,8 @@ class Suite:
         if entry is None:
             raise tasks.UnknownTaskError(f"{name!r} is not in the suite at {self.root}")
         with self._lock:
+            building = self._building.setdefault(name, threading.Lock())
+        with building:
             if name in self.loaded:
                 return self.loaded[name].task
             if name in self.failed:

@@ -337,6 +337,42 @@ def test_a_compile_cut_short_by_this_machines_limits_is_not_kept_on_disk(with_li
     assert patient.limits.memory_gb > Limits().memory_gb  # libtpu maps more than a grading worker may
 
 
+def test_jaxbench_references_are_held_against_their_times_as_their_harness_compiled_them(with_libtpu):
+    """JAXBench's harness closes over a model's weights, zeros in level 2: XLA folds the matmul
+    by them away, and what it timed is that folded program (docs/peer-suites.md). The comparison
+    compiles it so; a model without weights is the program a grading times."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from perf_agreement import HarnessTiming
+
+    from evaluator.stages import case_spec
+    from suites.resolver import TaskResolver
+
+    harness = HarnessTiming(SUITE)
+    costs = ReferenceCosts(task_digest)
+    try:
+        with TaskResolver([f"jaxbench:{SUITE}"]) as resolver:
+            timed = {}
+            for name in ("kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU", "kernelbench-jax/level1/23_Softmax"):
+                task = resolver.task(name)
+                case = task.select("train", "bench")[0]
+                graded = costs.cost(task, case, case_spec(task, case), GEN)
+                assert isinstance(graded, XlaProgramCost), graded
+                ours = ReferenceWork(graded.flops, graded.flops, 0.0)
+                inputs = CaseInputs([], 0.0, 0.0, 0.0, ours, 1e6, graded)
+                timed[name] = graded, harness.inputs({"task": name, "cases": {case.name: {}}}, inputs)
+    finally:
+        harness.close()
+        costs.close()
+    graded, gemm = timed["kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU"]
+    assert graded.flops > 1e11  # 1024 x 8192 x 8192, the weights as arguments
+    assert gemm.xla.flops < graded.flops / 1000 and gemm.xla.optimal_s < graded.optimal_s / 3
+    assert gemm.reference.f32_matmul_flops < graded.flops / 1000  # our count follows what XLA kept
+    graded, softmax = timed["kernelbench-jax/level1/23_Softmax"]
+    assert softmax.xla.flops == pytest.approx(graded.flops) and softmax.reference.flops == pytest.approx(graded.flops)
+
+
 def test_every_verdict_past_lowering_carries_a_predicted_speedup(with_libtpu, evaluator):
     import tasks
     from tests.conftest import read_candidate
