@@ -131,8 +131,3 @@ class SuiteReference:
 
     def timing_reference(self, case: Case) -> tuple[str, str, list[Any]]:
         return self.sources[case.name], f"{DRIVER}:timed_reference", [self.kind, self.described[case.name].n_inputs]
-
-    def harness_timed_reference(self, case: Case) -> tuple[str, str, list[Any]]:
-        """The reference as the suite's harness timed it (suites/driver.py): over the first
-        `described[case.name].n_inputs` arguments only."""
-        return self.sources[case.name], f"{DRIVER}:harness_timed_reference", [self.kind]
