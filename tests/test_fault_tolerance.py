@@ -7,7 +7,7 @@ import pytest
 from evaluator.execution.sandbox import Limits
 from evaluator.grader import Evaluator, Job
 from tasks import get_task
-from tests.conftest import read_candidate
+from tests.conftest import TESTS, read_candidate
 
 
 def test_a_dma_deadlock_is_a_runtime_error_at_once(quick_timeout_evaluator):
@@ -16,6 +16,17 @@ def test_a_dma_deadlock_is_a_runtime_error_at_once(quick_timeout_evaluator):
     verdict = quick_timeout_evaluator.grade("matmul", read_candidate("runtime_error_dma_wait_without_start"))
     assert verdict.status == "runtime_error", verdict.message
     assert "DeadlockError: deadlock: a semaphore wait needs 16384 and the semaphore holds 0" in verdict.message
+
+
+def test_a_prefetch_nobody_waits_on_is_refused_and_the_same_kernel_waiting_on_all_is_correct(evaluator):
+    """The red-team kernel starts one copy past its last chunk; with the guard fixed every copy
+    is waited and nothing else changes: the check tells the two apart, not the values."""
+    source = (TESTS / "redteam" / "prefetch_past_last_chunk_never_waited.py").read_text()
+    refused = evaluator.grade("softmax", source)
+    assert refused.status == "runtime_error" and "UnwaitedDMA" in refused.message, refused.message
+    assert "copies queued" in refused.message
+    fixed = evaluator.grade("softmax", source.replace("c + 1 <= n", "c + 1 < n"))
+    assert fixed.status == "correct", fixed.message
 
 
 @pytest.mark.parametrize("name,task", [

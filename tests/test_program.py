@@ -235,6 +235,16 @@ def test_a_changed_semaphore_stops_the_worker_loudly(monkeypatch):
         jax_hooks.install_deadlock_detector()
 
 
+def test_a_changed_shared_memory_stops_the_worker_loudly(monkeypatch):
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from evaluator.execution import jax_hooks
+
+    monkeypatch.delattr(ipc, "_validate")  # what a jax upgrade could leave behind
+    with pytest.raises(jax_hooks.HookError, match="_validate"):
+        jax_hooks.install_exit_check()
+
+
 def test_replay_runs_the_traced_jaxpr_through_control_flow():
     """scan, cond and vmap around pallas_calls, replayed in interpret mode and lowered for TPU."""
     from jax.experimental import pallas as pl

@@ -198,7 +198,7 @@ def run(state: WorkerState, request: Run, arrays: list) -> tuple[Any, list]:
     nargs = request.nargs
     outputs, results, compile_s = [], [], 0.0
     checks = FULL_CHECKS if request.races_possible or request.seed_checks == "full" else CHEAP_CHECKS
-    jax_hooks.take_races()
+    jax_hooks.take_races(), jax_hooks.take_unwaited()
     for s in range(len(arrays) // nargs):
         inputs = arrays[s * nargs:(s + 1) * nargs]
         if (s == 1 and checks == FULL_CHECKS and state.interpret
@@ -222,6 +222,13 @@ def run(state: WorkerState, request: Run, arrays: list) -> tuple[Any, list]:
             results.append(SeedResult(False, "DataRace", "TPU interpret mode detected a data race: "
                                       "two accesses to one buffer (at least one a write) not "
                                       "ordered by a DMA wait or semaphore.", checks=checks))
+            break
+        if unwaited := jax_hooks.take_unwaited():
+            results.append(SeedResult(False, "UnwaitedDMA", "a kernel returned with a DMA or semaphore "
+                                      f"signal nobody waited for ({unwaited[0]}): on a TPU that copy "
+                                      "is still in flight after the kernel ends. Wait on every copy "
+                                      "you start (a prefetch past the last step is one never waited).",
+                                      checks=checks))
             break
         bad = [type(leaf).__name__ for leaf in leaves if not hasattr(leaf, "shape")]
         results.append(SeedResult(True, n_outputs=len(host), non_arrays=bad,

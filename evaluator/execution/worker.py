@@ -61,9 +61,8 @@ def main() -> None:
         jax.config.update("jax_platforms", "cpu")
     state = handlers.WorkerState(interpret=args.interpret)
     try:
-        jax_hooks.install_race_recorder()
-        jax_hooks.install_deadlock_detector()
-    except jax_hooks.HookError as exc:  # an evaluator that cannot see races or deadlocks must not grade at all
+        jax_hooks.install()
+    except jax_hooks.HookError as exc:  # an evaluator that cannot see races, deadlocks or unwaited copies must not grade
         wire.write_message(proto_out, protocol.to_header(protocol.Refused(str(exc))))
         return
     wire.write_message(proto_out, protocol.to_header(protocol.Ready(os.getpid(), jax.__version__, granted)))
