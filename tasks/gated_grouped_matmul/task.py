@@ -66,12 +66,16 @@ def draw_group_sizes(m: int, e: int, kind: str, rng: np.random.Generator) -> np.
       some experts get many rows, some few or none.
     skewed: one expert gets all but a few rows, at most one other gets the rest, every other
       expert none (a collapsed router; with m == 1, a single row).
+    busy: e - 1 cut points at distinct odd rows: every expert gets rows and no boundary falls
+      on a row block, as a router spreading a large batch does. The most (row block, expert)
+      pairs a grouped matmul can meet: one per block plus one per boundary (needs m >= 2e).
     """
-    if kind == "ragged" and e >= 3 and m >= 2 * e:
-        cuts = rng.choice(np.arange(1, m, 2), size=e - 2, replace=False)
-        cuts = np.sort(np.append(cuts, cuts[rng.integers(e - 2)]))
-        sizes = np.diff(np.concatenate([[0], cuts, [m]]))
-    elif kind in ("ragged", "routed"):
+    if kind in ("ragged", "busy") and e >= 3 and m >= 2 * e:
+        cuts = rng.choice(np.arange(1, m, 2), size=e - 2 if kind == "ragged" else e - 1, replace=False)
+        if kind == "ragged":
+            cuts = np.append(cuts, cuts[rng.integers(e - 2)])
+        sizes = np.diff(np.concatenate([[0], np.sort(cuts), [m]]))
+    elif kind in ("ragged", "routed", "busy"):
         sizes = rng.multinomial(m, rng.dirichlet(np.full(e, 0.5)))
     elif kind == "skewed":
         sizes = np.zeros(e, np.int64)
@@ -109,6 +113,10 @@ def skewed_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...
     return _inputs(case, rng, "skewed")
 
 
+def busy_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    return _inputs(case, rng, "busy")
+
+
 CASES = (
     # Train: Mixtral's 8 experts at narrow widths (1199 tokens, top 2: rows off the 8-row tile),
     # and DeepSeek-V2-Lite's 64 (500 tokens, top 6: about 47 rows per expert) on widths off the
@@ -131,7 +139,7 @@ CASES = (
 
 TASK = Task(
     name="gated_grouped_matmul",
-    version=1,
+    version=2,
     level=2,
     description=("MoE expert gate and up projections as one grouped matmul: consecutive row groups "
                  "of x, sized by group_sizes (some may be empty), each become "
@@ -148,5 +156,7 @@ TASK = Task(
     tolerances=dict(GATED_MXU_TOLERANCES),
     required_features=("scalar_prefetch",),
     stresses=(Stress("skewed_groups", "one expert with nearly every row and most experts with none, as a "
-                     "collapsed router sends", skewed_inputs),),
+                     "collapsed router sends", skewed_inputs),
+              Stress("busy_groups", "every expert with rows and every group boundary inside a row block, as "
+                     "a router spreading a large batch sends: the most (row block, expert) pairs", busy_inputs)),
 )

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Task, case_grid, normal
+from tasks.spec import MXU_TOLERANCES, ArgSpec, Case, Stress, Task, case_grid, normal
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -31,22 +31,27 @@ def out_specs(case: Case) -> list[ArgSpec]:
     return [ArgSpec((case.dims["m"], case.dims["n"]), case.dtype)]
 
 
-def group_sizes(case: Case, rng: np.random.Generator) -> np.ndarray:
-    """Seeded group sizes summing to m, drawn from the case's `groups` distribution.
+def group_sizes(case: Case, rng: np.random.Generator, kind: str | None = None) -> np.ndarray:
+    """Seeded group sizes summing to m, drawn from `kind` (the case's `groups` distribution by
+    default).
 
     ragged: g - 1 cut points at distinct odd rows, one of them doubled, so exactly one group
       is empty and every group boundary is odd (never aligned to a row block). Needs g >= 3.
     skewed: one group owns all but a few rows, at most one other is non-empty, the rest are
       empty (with m == 1: a single non-empty group of one row).
+    busy: g - 1 cut points at distinct odd rows: every group non-empty and no boundary on a
+      row block, as a router spreading a large batch gives. The most (row block, group) pairs
+      a grouped matmul can meet: one per block plus one per boundary.
     """
     m, g = case.dims["m"], case.dims["g"]
-    kind = case.params["groups"]
-    if kind == "ragged":
+    kind = kind or case.params["groups"]
+    if kind in ("ragged", "busy"):
         if g < 3 or m < 2 * g:
-            raise ValueError(f"{case.name}: ragged groups need g >= 3 and m >= 2g")
-        cuts = rng.choice(np.arange(1, m, 2), size=g - 2, replace=False)
-        cuts = np.sort(np.append(cuts, cuts[rng.integers(g - 2)]))
-        sizes = np.diff(np.concatenate([[0], cuts, [m]]))
+            raise ValueError(f"{case.name}: {kind} groups need g >= 3 and m >= 2g")
+        cuts = rng.choice(np.arange(1, m, 2), size=g - 2 if kind == "ragged" else g - 1, replace=False)
+        if kind == "ragged":
+            cuts = np.append(cuts, cuts[rng.integers(g - 2)])
+        sizes = np.diff(np.concatenate([[0], np.sort(cuts), [m]]))
     elif kind == "skewed":
         sizes = np.zeros(g, np.int64)
         big = int(rng.integers(g))
@@ -56,7 +61,7 @@ def group_sizes(case: Case, rng: np.random.Generator) -> np.ndarray:
         sizes[big] = m - small
     else:
         raise ValueError(f"{case.name}: unknown group distribution {kind!r}")
-    assert sizes.sum() == m and (sizes >= 0).all() and (sizes == 0).any()
+    assert sizes.sum() == m and (sizes >= 0).all() and ((sizes == 0).any() or kind == "busy")
     return sizes.astype(np.int32)
 
 
@@ -65,12 +70,16 @@ def int_bounds(case: Case) -> list[tuple[int, int] | None]:
     return [None, None, (0, case.dims["m"])]
 
 
-def make_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+def make_inputs(case: Case, rng: np.random.Generator, groups: str | None = None) -> tuple[np.ndarray, ...]:
     lhs_spec, rhs_spec, _ = arg_specs(case)
     # rhs scaled by 1/sqrt(k) so every output element is O(1) whatever k is.
     return (normal(rng, lhs_spec.shape, case.dtype),
             normal(rng, rhs_spec.shape, case.dtype, scale=case.dims["k"] ** -0.5),
-            group_sizes(case, rng))
+            group_sizes(case, rng, groups))
+
+
+def busy_inputs(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    return make_inputs(case, rng, "busy")
 
 
 CASES = (
@@ -90,7 +99,7 @@ CASES = (
 
 TASK = Task(
     name="grouped_matmul",
-    version=2,
+    version=3,
     level=3,
     description=("Grouped (ragged) matmul as in MoE layers: consecutive row groups of lhs, "
                  "sized by group_sizes, each times its own rhs[i]; float32 accumulation, "
@@ -105,4 +114,6 @@ TASK = Task(
     solution_path=Path(__file__).with_name("solution.py"),
     tolerances=dict(MXU_TOLERANCES),
     required_features=("scalar_prefetch",),
+    stresses=(Stress("busy_groups", "every group non-empty and every boundary inside a row block, as a "
+                     "router spreading a large batch gives: the most (row block, group) pairs", busy_inputs),),
 )
