@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -41,14 +42,16 @@ RUNS = Path("runs/perf-agreement")
 GEN = GENERATIONS["v6e"]  # JAXBench measured on v6e
 
 
-def estimate_rows(suite: Path, model: str | None, workers: int) -> list[dict[str, Any]]:
+def estimate_rows(suite: Path, model: str | None, workers: int, backend: str = "tpu-interpret"
+                  ) -> list[dict[str, Any]]:
     """`estimate --json` rows for the suite's solutions (model None) or one model's attempts,
     from runs/perf-agreement/ when an earlier run left them."""
-    out = RUNS / f"{model or 'solutions'}.jsonl"
+    out = RUNS / f"{model or 'solutions'}{'' if backend == 'tpu-interpret' else '-' + backend}.jsonl"
     if not out.is_file() or not out.stat().st_size:
         RUNS.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "evaluator", "estimate", "--suite", f"jaxbench:{suite}", "--json",
-               "--workers", str(workers), "--tpu", GEN.name] + (["--attempts", model] if model else [])
+               "--workers", str(workers), "--tpu", GEN.name, "--backend", backend] + (
+                   ["--attempts", model] if model else [])
         with open(out, "w") as f:
             subprocess.run(cmd, check=True, stdout=f)
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
@@ -95,7 +98,7 @@ def bf16_inputs(suite: Path, rows: list[dict[str, Any]]) -> dict[str, CaseInputs
             inputs = case_inputs(row)
             if inputs is None or not row["task"].split("/")[-1].split("_")[0].endswith("k"):
                 continue
-            task = resolver.task(row["task"])
+            task = resolver.task(row["task"], run_reference=False)  # compiled, never run
             case = next(c for c in task.cases if c.name in row["cases"])
             spec = case_spec(task, case)
             spec.args = [(shape, "bfloat16" if dtype == "float32" else dtype) for shape, dtype in spec.args]
@@ -134,7 +137,7 @@ class HarnessTiming:
 
         if not row["task"].startswith("kernelbench-jax/"):
             return inputs
-        task = self.resolver.task(row["task"])
+        task = self.resolver.task(row["task"], run_reference=False)
         case = next(c for c in task.cases if c.name in row["cases"])
         spec = case_spec(task, case)
         spec.args = spec.args[:task.external.described[case.name].n_inputs]
@@ -281,21 +284,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", type=Path, required=True, help="a JAXBench checkout")
     p.add_argument("--fit", action="store_true", help="fit the constants on the tuning set and write them")
-    p.add_argument("--calibration", type=Path, default=calib.DEFAULT_FILE, help="where --fit writes")
+    p.add_argument("--calibration", type=Path, default=None,
+                   help=f"where --fit writes (default {calib.DEFAULT_FILE.name}, or {calib.COMPILED_FILE.name} "
+                        "with --backend tpu-compile)")
     p.add_argument("--heldout", action="store_true", help=f"also {HELDOUT_MODEL}'s kernels (held out: run once)")
     p.add_argument("--plot", type=Path, default=None, help="write the scatter plot here")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    p.add_argument("--backend", choices=("tpu-interpret", "tpu-compile"), default="tpu-interpret",
+                   help="estimate's backend: tpu-compile prices the glue around kernels by XLA's compile")
     args = p.parse_args(argv)
+    rows = functools.partial(estimate_rows, args.suite, workers=args.workers, backend=args.backend)
+    compiled = args.backend == "tpu-compile"
+    args.calibration = args.calibration or (calib.COMPILED_FILE if compiled else calib.DEFAULT_FILE)
 
-    solutions = estimate_rows(args.suite, None, args.workers)
+    solutions = rows(None)
     with contextlib.closing(HarnessTiming(args.suite)) as harness:
         tuning = {"benchmark workloads": workload_samples(args.suite, solutions, bf16_inputs(args.suite, solutions)),
                   f"{TUNING_MODEL} kernels": attempt_samples(args.suite, TUNING_MODEL,
-                                                             estimate_rows(args.suite, TUNING_MODEL, args.workers),
+                                                             rows(TUNING_MODEL),
                                                              harness)}
         before = calib.Calibration()
-        after = calib.load()
+        after = calib.load(compiled=compiled)
         if args.fit:
             after = fit([s for samples in tuning.values() for s in samples], GEN, before,
                         fitted_on=f"JAXBench v6e: benchmark workloads and {TUNING_MODEL}'s kernels "
@@ -305,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         sets = dict(tuning)
         if args.heldout:
             sets[f"{HELDOUT_MODEL} kernels (held out)"] = attempt_samples(
-                args.suite, HELDOUT_MODEL, estimate_rows(args.suite, HELDOUT_MODEL, args.workers), harness)
+                args.suite, HELDOUT_MODEL, rows(HELDOUT_MODEL), harness)
     print(table(sets, {"assumed": before, "fitted": after}))
     print("\n" + flop_check([i for i in map(case_inputs, solutions) if i is not None]))
     if args.plot:

@@ -9,9 +9,11 @@ whatever the static stages said of it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,10 @@ def add_parser(sub) -> None:
     e.add_argument("--tpu", action="append", choices=tuple(GENERATIONS), default=None,
                    help="TPU generation (repeatable; default v5e and v6e, or the one a --suite was tuned for)")
     e.add_argument("--workers", type=int, default=2, help="worker processes in parallel")
+    e.add_argument("--backend", choices=("tpu-interpret", "tpu-compile"), default="tpu-interpret",
+                   help="tpu-compile: also compile each candidate with libtpu for the generation (refuses "
+                        "what the TPU compiler would, and prices the glue around its kernels by XLA's cost "
+                        "model of the compiled program; slower on a cold run)")
     e.add_argument("--attempts", nargs="*", metavar="MODEL", default=None,
                    help="with --suite: the checkout's model-written kernels (pallas_eval/generated/MODEL; "
                         "all models when none is named) instead of its solutions")
@@ -86,12 +92,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict]:
-    """A peer suite's solutions or attempts. Each row is kept under --cache, keyed by the entry's
-    file and adapter, the candidate, the grader and the settings: a rerun builds only the tasks
-    of what is new (building a task runs their code, the slow part of a listing) and prices
-    the rest again."""
+    """A peer suite's solutions or attempts. Each row is kept under --cache as soon as it is
+    made, keyed by the entry's file and adapter, the candidate, the grader and the settings: a
+    rerun (or a run after an interrupted one) builds only the tasks of what is new and prices the
+    rest again. Each task is built and its candidates estimated in one go, `--workers` tasks at a
+    time, so building (their code in the sandbox) and compiling (libtpu) overlap on a cold
+    checkout rather than following one another."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from evaluator.digest import evaluator_digest
-    from suites import listing
+    from suites import LoadError, listing
 
     names = args.task or suite.names()
     unknown = [n for n in names if n not in suite.entries]
@@ -101,53 +111,42 @@ def _estimate_suite(args: argparse.Namespace, suite: Any, gen: str) -> list[dict
         wanted = [(n, "solution", (suite.entries[n].optimized or suite.entries[n].path).read_text()) for n in names]
     else:
         wanted = [(a.task, a.key, a.text()) for a in model_attempts(suite.root, args.attempts) if a.task in names]
-    settings = [evaluator_digest(), gen, args.split]  # not the constants: a kept row is priced again
+    settings = [evaluator_digest(), gen, args.split, args.backend]  # not the constants: a kept row is priced again
     store = None if args.no_cache else RowStore(args.cache / "rows")
     rows: dict[int, dict] = {}
-    missing: list[tuple[int, str, str, str, str]] = []
+    missing: dict[str, list[tuple[int, str, str, str]]] = {}
     for i, (name, label, text) in enumerate(wanted):
         entry = suite.entries[name]
         record = listing.lookup(entry)
-        if record is not None and not record.loaded:
-            continue  # cannot become a task: said when it was built (`tasks --suite` lists why)
+        if record is not None and not record.loaded and not record.refused_when_run:
+            continue  # cannot become a task, even unrun: said when it was built (`tasks --suite` lists why)
         key = RowStore.key(listing.entry_key(entry), label, text, settings)
         if store is not None and (row := store.get(key)) is not None:
             rows[i] = priced(row)
         else:
-            missing.append((i, name, label, text, key))
-    built = _build_tasks(suite, sorted({name for _, name, *_ in missing}), args.workers)
-    todo = [(i, built[name], label, text, key) for i, name, label, text, key in missing if name in built]
-    estimated = _estimate(args, [(task, label, text) for _, task, label, text, _ in todo], gen)
-    for (i, _, _, _, key), row in zip(todo, estimated):
-        rows[i] = row
-        if store is not None:
-            store.put(key, row)
+            missing.setdefault(name, []).append((i, label, text, key))
+    if missing:
+        with _estimator(args, gen) as (ev, bar):
+            todo = bar.add_task(f"estimating {sum(map(len, missing.values()))} candidates of "
+                                f"{len(missing)} tasks for {gen}", total=sum(map(len, missing.values())))
+
+            def one(name: str) -> None:
+                try:
+                    task = suite.task(name, run_reference=False)  # nothing is run: static stages only
+                except LoadError as exc:
+                    print(f"not loaded: {name}: {exc}", file=sys.stderr)
+                    bar.advance(todo, len(missing[name]))
+                    return
+                for i, label, text, key in missing[name]:
+                    verdict, = ev.grade_many([_static_job(args, task, text)])
+                    rows[i] = row = priced(prediction_row(verdict, label))
+                    if store is not None:
+                        store.put(key, row)
+                    bar.advance(todo)
+
+            with ThreadPoolExecutor(max(1, args.workers)) as pool:
+                list(pool.map(one, missing))
     return [rows[i] for i in sorted(rows)]
-
-
-def _build_tasks(suite: Any, names: list[str], workers: int) -> dict[str, Any]:
-    """The entries' tasks, built `workers` at once (building runs their code: on a cold
-    checkout the slowest part after the reference compiles); those that cannot be tasks are said
-    on stderr and left out."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rich.progress import Progress
-
-    from suites import LoadError
-
-    def one(name: str) -> Any:
-        try:
-            return suite.task(name)
-        except LoadError as exc:
-            print(f"not loaded: {name}: {exc}", file=sys.stderr)
-            return None
-        finally:
-            bar.advance(todo)
-
-    with Progress(console=Console(stderr=True), transient=True) as bar, ThreadPoolExecutor(max(1, workers)) as pool:
-        todo = bar.add_task(f"building {len(names)} tasks", total=len(names))
-        tasks = dict(zip(names, pool.map(one, names)))
-    return {name: task for name, task in tasks.items() if task is not None}
 
 
 # Shipping compiles each reference once, offline: it waits longer than a grading does (a decoder
@@ -212,21 +211,38 @@ class RowStore:
         tmp.replace(self.folder / f"{key}.json")
 
 
-def _estimate(args: argparse.Namespace, candidates: list[tuple[Any, str, str]], gen: str) -> list[dict]:
-    """Every static stage of each candidate, a prediction wherever it traced; one row each."""
+@contextlib.contextmanager
+def _estimator(args: argparse.Namespace, gen: str) -> Iterator[tuple[Any, Any]]:
+    """The grader `estimate` uses (every static stage, a prediction wherever a kernel traced) and
+    a progress bar on stderr."""
     from rich.progress import Progress
 
-    from evaluator.grader import Evaluator, Job
+    from evaluator.grader import Evaluator
+
+    try:
+        ev = Evaluator(backend=args.backend, workers=max(1, args.workers), generation=gen,
+                       cache=None if args.no_cache else args.cache, predict_failed=True)
+    except ValueError as exc:  # tpu-compile without libtpu installed
+        raise UsageError(str(exc)) from None
+    with ev, Progress(console=Console(stderr=True), transient=True) as bar:
+        yield ev, bar
+
+
+def _static_job(args: argparse.Namespace, task: Any, answer: str) -> Any:
+    from evaluator.grader import Job
     from evaluator.stages import LAST_STATIC_STAGE
 
+    return Job(task, answer, args.split, seed=0, through=LAST_STATIC_STAGE)
+
+
+def _estimate(args: argparse.Namespace, candidates: list[tuple[Any, str, str]], gen: str) -> list[dict]:
+    """Every static stage of each candidate, a prediction wherever it traced; one row each."""
     if not candidates:
         return []
-    jobs = [Job(task, answer, args.split, seed=0, through=LAST_STATIC_STAGE) for task, _, answer in candidates]
-    with Evaluator(backend="tpu-interpret", workers=max(1, args.workers), generation=gen,
-                   cache=None if args.no_cache else args.cache,
-                   predict_failed=True) as ev, Progress(console=Console(stderr=True), transient=True) as bar:
-        todo = bar.add_task(f"estimating {len(jobs)} candidates for {gen}", total=len(jobs))
-        verdicts = ev.grade_many(jobs, on_done=lambda v: bar.advance(todo))
+    with _estimator(args, gen) as (ev, bar):
+        todo = bar.add_task(f"estimating {len(candidates)} candidates for {gen}", total=len(candidates))
+        verdicts = ev.grade_many([_static_job(args, task, answer) for task, _, answer in candidates],
+                                 on_done=lambda v: bar.advance(todo))
     return [priced(prediction_row(v, label)) for v, (_, label, _) in zip(verdicts, candidates)]
 
 
@@ -249,14 +265,16 @@ def prediction_row(v: Any, candidate: str) -> dict[str, Any]:
 
 
 def priced(row: dict[str, Any]) -> dict[str, Any]:
-    """The row with its predictions computed from their inputs by the constants in use: rows
-    kept from an earlier run follow a refit (`calibrate`) without grading again."""
+    """The row with its predictions computed from their inputs by the constants in use (those
+    fitted for XLA-priced glue where a compile gave it): rows kept from an earlier run follow a
+    refit (`calibrate`) without grading again."""
     from evaluator.performance import calibration, prediction
     from evaluator.performance.hardware import GENERATIONS
 
     if not row.get("cases"):
         return row
-    gen, constants = GENERATIONS[row["generation"]], calibration.load()
+    compiled = any(c["inputs"].get("glue_xla") for c in row["cases"].values())
+    gen, constants = GENERATIONS[row["generation"]], calibration.load(compiled=compiled)
     cases = {name: prediction.predict_case(prediction.CaseInputs.from_dict(c["inputs"]), gen, constants)
              for name, c in row["cases"].items()}
     first = next(iter(cases.values()))

@@ -21,8 +21,8 @@ from evaluator.execution.sandbox import Limits, WorkerError, WorkerPool
 from evaluator.performance import calibration
 from evaluator.performance.hardware import DEFAULT_GENERATION, GENERATIONS
 from evaluator.record import StageTiming, Status, Verdict
-from evaluator.stages import (SOURCE_STAGES, STAGE_NAMES, STAGES, Failure, GradingContext, Stage, bench_estimates,
-                              correct_message, predict)
+from evaluator.stages import (SOURCE_STAGES, STAGE_NAMES, STAGES, Failure, GradingContext, Stage, correct_message,
+                              predict_failed)
 from evaluator.truth.reference import ReferenceCache
 from evaluator.truth.xla_reference import ReferenceCosts
 from tasks import get_task
@@ -91,7 +91,7 @@ class Evaluator:
         self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else self.workers, limits=limits)
         self.references = ReferenceCache()
         self.reference_costs = ReferenceCosts(task_digest, limits, workers=workers)
-        self.calibration = calibration.load()
+        self.calibration = calibration.load(compiled=self.backend.topology_compile)
         self.predict_failed = predict_failed
 
     @property
@@ -169,8 +169,6 @@ class Evaluator:
         verdict.details["tpu_generation"] = self.generation.name
         verdict.details["numerics"] = self.numerics
         failure = self._run_stages(ctx, stages)
-        if failure is not None and self.predict_failed and verdict.predicted_speedup is None:
-            predict(ctx, bench_estimates(ctx))
         if failure is None and through is not None:
             verdict.stage, verdict.message = through, f"passed every stage through {through!r}"
         elif failure is None:
@@ -208,6 +206,8 @@ class Evaluator:
                 ctx.verdict.stage_timings.append(StageTiming(stage.name, time.perf_counter() - t0))
                 if failure is not None:
                     ctx.verdict.stage = stage.name
+                    if self.predict_failed and ctx.verdict.predicted_speedup is None:
+                        predict_failed(ctx)  # while the worker still holds the traced programs
                     finished = True
                     return failure
             finished = True

@@ -24,10 +24,11 @@ from evaluator.candidate.extract import ExtractionError, extract_code
 from evaluator.execution import step_limits
 from evaluator.execution.backends import Backend
 from evaluator.execution.protocol import CaseSpec, Compile, Failed, Load, Lower, Ran, Run, SeedResult, Time, Trace
-from evaluator.execution.sandbox import Limits, Worker
+from evaluator.execution.sandbox import Limits, Worker, WorkerError
 from evaluator.performance import perf_model, prediction
 from evaluator.performance.calibration import Calibration
 from evaluator.performance.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
+from evaluator.performance.xla_cost import XlaProgramCost
 from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
 from evaluator.truth import stress
 from evaluator.truth.compare import compare
@@ -101,6 +102,9 @@ class GradingContext:
     # reference by our model alone.
     reference_costs: ReferenceCosts | None = None
     calibration: Calibration = Calibration()
+    # XLA's cost model of the candidate's program per case, from the lowering stage's libtpu
+    # compile: the speed prediction prices the glue around the kernels by it.
+    compiled_costs: dict[str, XlaProgramCost] = field(default_factory=dict)
 
     @property
     def stress_cases(self) -> list[tuple[Case, Case]]:
@@ -545,17 +549,26 @@ def lowering_stage(ctx: GradingContext) -> Failure | None:
 
 def _topology_compile(ctx: GradingContext, cases: list[Case]) -> Failure | None:
     """libtpu compile for the target generation, one case per request (own time limit)."""
-    gen = ctx.generation
-    memory = ctx.verdict.details.setdefault("compiled_memory", {})
     for case in cases:
-        reply, _ = ctx.worker.call(Compile(gen.topology, case_spec(ctx.task, case)),
-                                   timeout_s=ctx.worker.limits.compile_timeout_s,
-                                   what=f"compiling case {case.name} for TPU {gen.name}")
+        reply = _compile_case(ctx, case)
         if isinstance(reply, Failed):
-            return Failure("compile_error", f"the TPU compiler for {gen.name} rejected case "
+            return Failure("compile_error", f"the TPU compiler for {ctx.generation.name} rejected case "
                            f"{case.describe()}: {reply.error}", reply.error_type, reply.error, case=case)
-        memory[case.name] = reply.memory
     return None
+
+
+def _compile_case(ctx: GradingContext, case: Case) -> Any:
+    """One case compiled by libtpu for the generation: its memory statistics and XLA's cost of
+    the program are kept; the reply (Compiled or Failed) is returned."""
+    gen = ctx.generation
+    reply, _ = ctx.worker.call(Compile(gen.topology, case_spec(ctx.task, case)),
+                               timeout_s=ctx.worker.limits.compile_timeout_s,
+                               what=f"compiling case {case.name} for TPU {gen.name}")
+    if not isinstance(reply, Failed):
+        ctx.verdict.details.setdefault("compiled_memory", {})[case.name] = reply.memory
+        if reply.cost is not None:
+            ctx.compiled_costs[case.name] = XlaProgramCost(**reply.cost)
+    return reply
 
 
 def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
@@ -638,9 +651,26 @@ def predict(ctx: GradingContext, estimates: dict[str, perf_model.PerfEstimate]) 
     for case in bench:
         xla = (ctx.reference_costs.cost(ctx.task, case, case_spec(ctx.task, case), ctx.generation)
                if ctx.reference_costs is not None else "the grader was given no XLA cost source")
-        inputs = prediction.CaseInputs.of(estimates[case.name], ctx.references.cost(ctx.task, case), xla)
+        inputs = prediction.CaseInputs.of(estimates[case.name], ctx.references.cost(ctx.task, case), xla,
+                                          ctx.compiled_costs.get(case.name))
         cases[case.name] = prediction.predict_case(inputs, ctx.generation, ctx.calibration)
     ctx.verdict.predicted_speedup = dataclasses.asdict(prediction.overall(cases, ctx.generation))
+
+
+def predict_failed(ctx: GradingContext) -> None:
+    """The speed prediction of a candidate a stage refused after tracing (`estimate` lists every
+    kernel that traces). A compiling backend first compiles the bench cases the lowering stage
+    did not reach, so XLA prices its glue as it would a passing kernel's; a compile that fails
+    or kills the worker leaves our count of the glue."""
+    if ctx.backend.topology_compile and ctx.worker is not None:
+        for case in ctx.task.select(ctx.split, "bench"):
+            if case.name not in ctx.summaries or case.name in ctx.compiled_costs or not ctx.worker.alive:
+                continue
+            try:
+                _compile_case(ctx, case)
+            except WorkerError:
+                break
+    predict(ctx, bench_estimates(ctx))
 
 
 # --- 7. run every case on fresh seeds and compare --------------------------------------------

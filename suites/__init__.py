@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import tasks
-from suites.jaxbench import Entry, Loaded, LoadError, discover, load
+from suites.jaxbench import Entry, Loaded, LoadError, RefusedWhenRun, discover, load
 from suites.listing import LoadRecord, record_failed, record_loaded, store
 from suites.oracle import ReferenceFailed, ReferenceRunner
 from tasks.spec import Task
@@ -37,7 +37,6 @@ class Suite:
         self.entries = {e.name: e for e in discover(root)}
         self.runner = ReferenceRunner(workers=workers)
         self.loaded: dict[str, Loaded] = {}
-        self.failed: dict[str, str] = {}
         self.records: dict[str, LoadRecord] = {}  # what each build found, also in the load cache
         self._lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}  # one per entry: others build meanwhile
@@ -45,27 +44,30 @@ class Suite:
     def names(self) -> list[str]:
         return list(self.entries)
 
-    def task(self, name: str) -> Task:
-        """The task for one entry; LoadError says why it cannot be one."""
+    def task(self, name: str, run_reference: bool = True) -> Task:
+        """The task for one entry; LoadError says why it cannot be one. `run_reference=False`
+        builds it for the static stages only (suites.jaxbench.load): a reference that would be
+        refused when run is not found out, and the load cache keeps only what a whole build found."""
         entry = self.entries.get(name)
         if entry is None:
             raise tasks.UnknownTaskError(f"{name!r} is not in the suite at {self.root}")
         with self._lock:
             building = self._building.setdefault(name, threading.Lock())
         with building:
-            if name in self.loaded:
+            if name in self.loaded and (self.loaded[name].ran or not run_reference):
                 return self.loaded[name].task
-            if name in self.failed:
-                raise LoadError(self.failed[name])
+            failed = self.records.get(name)
+            if failed is not None and not failed.loaded and (run_reference or not failed.refused_when_run):
+                raise LoadError(failed.why_not)
             try:
-                loaded = load(entry, self.runner)
+                loaded = load(entry, self.runner, run_reference)
             except (LoadError, ReferenceFailed, SyntaxError, OSError) as exc:
-                self.failed[name] = str(exc)
-                self._record(entry, record_failed(entry, str(exc)))
+                self._record(entry, record_failed(entry, str(exc), isinstance(exc, RefusedWhenRun)))
                 raise LoadError(str(exc)) from None
             loaded.task.external.rebuilt_by = (open_task, (self.spec, name))
             self.loaded[name] = loaded
-            self._record(entry, record_loaded(entry, loaded))
+            if loaded.ran:
+                self._record(entry, record_loaded(entry, loaded))
             return loaded.task
 
     def _record(self, entry: Entry, record: LoadRecord) -> None:

@@ -47,6 +47,10 @@ class LoadError(RuntimeError):
     """A workload or problem that cannot become a task; the message says why."""
 
 
+class RefusedWhenRun(LoadError):
+    """Its reference traces at every size but was refused when run (a constant output)."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """One workload folder or problem file of a checkout."""
@@ -91,6 +95,7 @@ class Loaded:
     repaired: list[str]
     notes: list[str] = field(default_factory=list)
     counts_divided_by: int = 1  # batch and heads of the check sizes, divided to fit
+    ran: bool = True  # the reference was run on drawn inputs (False: built for static stages only)
 
 
 LITERAL = "n"  # prefix of a size known only by its literal value: n224_ (case names read n224_32)
@@ -134,8 +139,14 @@ class FileSizes:
         return rewrite_sizes(self.source, edit)
 
 
-def load(entry: Entry, runner: ReferenceRunner) -> Loaded:
-    """Build the task for one entry, running their code only in the runner's worker."""
+def load(entry: Entry, runner: ReferenceRunner, run_reference: bool = True) -> Loaded:
+    """Build the task for one entry, running their code only in the runner's worker.
+
+    Sizes and costs come from tracing their code (abstract: `describe`); `run_reference` then
+    draws inputs and runs the reference once at a check size, which refuses a reference whose
+    output is constant and names the all-zero inputs redrawn. Only graders that run the reference
+    need that; on a cold checkout it is most of a build (a 3-D transposed convolution's reference
+    takes 20 s on the CPU), so `estimate`, which runs nothing, builds without it."""
     text = entry.path.read_text()
     stripped = strip_harness(text).source
     missing = {"workload": ("create_inputs", "workload"), "model": ("Model", "get_inputs")}[entry.kind]
@@ -173,13 +184,14 @@ def load(entry: Entry, runner: ReferenceRunner) -> Loaded:
         except ReferenceFailed as exc:
             notes.append(f"no {split} bench size: {exc}")
     reference = SuiteReference(runner, entry.kind, fs.dtype, sources, described)
-    try:
-        reference.sample(cases[0], 0)
-    except ReferenceFailed as exc:
-        raise LoadError(str(exc)) from None
+    if run_reference:
+        try:
+            reference.sample(cases[0], 0)
+        except ReferenceFailed as exc:
+            raise RefusedWhenRun(str(exc)) from None
     task = _task(entry, stripped, cases, reference)
     return Loaded(task, fit.cap, fs.hard_coded, heldout_kind, sorted(reference.repaired), notes,
-                  fit.counts_divided_by)
+                  fit.counts_divided_by, run_reference)
 
 
 def _build(fs: FileSizes, dims: dict[str, int], runner: ReferenceRunner) -> tuple[str, Described]:

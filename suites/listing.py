@@ -90,6 +90,9 @@ class LoadRecord(EntryFacts):
     signature: str = ""
     summary: dict[str, Any] = field(default_factory=dict)  # Task.summary()
     cases: dict[str, dict[str, int]] = field(default_factory=dict)  # case name -> dims
+    # Not loaded only because its reference, run, was refused (a constant output): a build for
+    # the static stages alone (`estimate`) still makes it a task.
+    refused_when_run: bool = False
 
     def row_fields(self) -> dict[str, Any]:
         """Keyword arguments of a SuiteRow (suites/report.py) without gradings."""
@@ -115,8 +118,8 @@ def record_loaded(entry: Entry, loaded: Loaded) -> LoadRecord:
                       repaired=list(loaded.repaired), notes=list(loaded.notes))
 
 
-def record_failed(entry: Entry, why: str) -> LoadRecord:
-    return LoadRecord(entry.name, False, why_not=why)
+def record_failed(entry: Entry, why: str, refused_when_run: bool = False) -> LoadRecord:
+    return LoadRecord(entry.name, False, why_not=why, refused_when_run=refused_when_run)
 
 
 def lookup(entry: Entry, folder: Path | None = None) -> LoadRecord | None:

@@ -27,11 +27,12 @@ class TaskResolver:
             self.close()
             raise
 
-    def task(self, name: str) -> Task:
-        """The task called `name`; UnknownTaskError or LoadError (an entry that cannot be a task)."""
+    def task(self, name: str, run_reference: bool = True) -> Task:
+        """The task called `name`; UnknownTaskError or LoadError (an entry that cannot be a task).
+        `run_reference=False`: an imported one for the static stages only (suites.Suite.task)."""
         for suite in self.suites:
             if name in suite.entries:
-                return suite.task(name)
+                return suite.task(name, run_reference)
         return tasks.get_task(name)
 
     def tasks(self, names: Sequence[str] | None = None,

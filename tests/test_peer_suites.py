@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from evaluator.truth.compare import compare
-from suites import LoadError, open_suite
+from suites import LoadError, listing, open_suite
 from suites.jaxbench import IMPORTED_WORK_SLACK
 from suites.report import check_suite, summary
 from suites.sizes import count_names, divide_counts, heldout_variants, power_of_two_floor, scaled
@@ -196,13 +196,18 @@ def test_seeds_draw_other_inputs_from_their_maker(suite):
     assert not np.array_equal(a[0], b[0])
 
 
-def test_their_code_runs_in_a_sandboxed_worker_not_here(tmp_path):
-    (tmp_path / "benchmark" / "1p_Pid").mkdir(parents=True)
-    (tmp_path / "benchmark" / "1p_Pid" / "baseline.py").write_text(
-        "import os\nimport jax\nimport jax.numpy as jnp\n\nCONFIG = {'name': 'pid', 'n': 256}\n\n\n"
+def _one_workload(root: Path, name: str, n: int, body: str) -> None:
+    """A checkout of one priority workload of `n` random floats: `workload(x)` returns `body`."""
+    (root / "benchmark" / name).mkdir(parents=True)
+    (root / "benchmark" / name / "baseline.py").write_text(
+        f"import os\nimport jax\nimport jax.numpy as jnp\n\nCONFIG = {{'name': 'w', 'n': {n}}}\n\n\n"
         "def create_inputs(dtype=jnp.float32):\n"
         "    return (jax.random.normal(jax.random.key(1), (CONFIG['n'],), dtype),)\n\n\n"
-        "def workload(x):\n    return x * 0 + os.getpid() + jnp.arange(x.shape[0])\n")
+        f"def workload(x):\n    return {body}\n")
+
+
+def test_their_code_runs_in_a_sandboxed_worker_not_here(tmp_path):
+    _one_workload(tmp_path, "1p_Pid", 256, "x * 0 + os.getpid() + jnp.arange(x.shape[0])")
     with open_suite(f"jaxbench:{tmp_path}") as s:
         task = s.task("jaxbench/1p_Pid")
         _, outputs = task.external.sample(task.select("train", "check")[0], 0)
@@ -211,6 +216,26 @@ def test_their_code_runs_in_a_sandboxed_worker_not_here(tmp_path):
         assert os.getpgid(pid) == pid  # the worker leads its own process group (evaluator/execution/sandbox.py)
     assert not any(getattr(m, "__file__", "") and str(tmp_path) in str(m.__file__) for m in list(sys.modules.values()))
 
+
+def test_a_build_for_the_static_stages_runs_nothing_and_keeps_no_record(tmp_path, monkeypatch):
+    """`estimate` builds tasks without running their reference (suites.jaxbench.load): one whose
+    output is constant, refused when run, is still a task there, and the load cache that listings
+    read keeps only what a whole build found."""
+    monkeypatch.setenv(listing.CACHE_ENV, str(tmp_path / "loads"))
+    _one_workload(tmp_path, "1p_Zero", 1024, "x * 0.0")
+    name = "jaxbench/1p_Zero"
+    with open_suite(f"jaxbench:{tmp_path}") as s:
+        task = s.task(name, run_reference=False)
+        assert [c.dims for c in task.select("train", "bench")] == [{"n": 1024}]
+        assert listing.lookup(s.entries[name]) is None
+        with pytest.raises(LoadError, match="constant"):
+            s.task(name)
+        record = listing.lookup(s.entries[name])
+        assert not record.loaded and record.refused_when_run
+    with open_suite(f"jaxbench:{tmp_path}") as s:  # a new process: the record says why, and only a run refuses it
+        assert s.task(name, run_reference=False).name == name
+        with pytest.raises(LoadError, match="constant"):
+            s.task(name)
 
 # --- grading: their files and ours -----------------------------------------------------------------
 def test_optimized_py_is_graded_correct_without_edits(suite, v6e):

@@ -40,6 +40,10 @@ def test_custom_calls_that_work_are_priced_by_their_bytes_and_bookkeeping_is_not
     assert cost.custom_calls == ["tpu_custom_call"]
     assert cost.custom_call_bytes == scores + 2 * value  # operands read, result written
     assert cost.while_loops == 1
+    assert cost.declared_costs == 0
+    declared = XlaProgramCost(1e-3, 1e9, 1e8, 0.0)
+    read_hlo(HLO.replace('backend_config={"x":"y"}', 'backend_config={"cost_estimate":{"flops":"1"}}'), declared)
+    assert declared.declared_costs == 1  # XLA priced that call at the author's figures
 
 
 def test_a_non_physical_xla_time_is_flagged_and_never_used():
@@ -404,6 +408,26 @@ def test_estimate_lists_every_attempt_of_a_suite_that_traces(with_libtpu, cli, t
     assert [json.loads(line) for line in again.stdout.splitlines()] == rows
 
 
+# The matmul left to XLA, a tiled copy in Pallas: refused (work outside the kernel), and it compiles.
+DOT_LEFT_TO_XLA = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def copy(z_ref, o_ref):
+    o_ref[...] = z_ref[...]
+
+
+def kernel(x, y):
+    z = jnp.dot(x, y)
+    (m, n), b = z.shape, 8
+    return pl.pallas_call(copy, grid=(pl.cdiv(m, b),), in_specs=[pl.BlockSpec((b, n), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((b, n), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(z.shape, z.dtype))(z)
+'''
+
+
 def test_a_kernel_that_fails_a_static_stage_after_tracing_is_still_predicted_for_estimate(with_libtpu):
     """`estimate` lists every kernel that traces: a grader made with predict_failed predicts one
     that a later static stage refuses (here a missing feature); the default grader does not."""
@@ -415,6 +439,16 @@ def test_a_kernel_that_fails_a_static_stage_after_tracing_is_still_predicted_for
     with Evaluator(workers=1, predict_failed=True) as ev:
         v = ev.grade("grouped_matmul", source, through=LAST_STATIC_STAGE)
     assert v.status == "missing_feature" and v.predicted_speedup["overall"] > 0
+    assert all(c["inputs"]["glue_xla"] is None for c in v.predicted_speedup["cases"].values())
+    # A compiling backend compiles the bench cases the refusal kept the lowering stage from, so
+    # XLA prices the glue of a refused kernel (here the matmul it leaves to XLA) as it does a
+    # passing one's.
+    with Evaluator(backend="tpu-compile", workers=1, predict_failed=True) as ev:
+        outside = ev.grade("matmul", DOT_LEFT_TO_XLA, through=LAST_STATIC_STAGE)
+    assert outside.status == "work_outside_kernel"
+    for case in outside.predicted_speedup["cases"].values():
+        glue = case["inputs"]["glue_xla"]
+        assert glue is not None and glue["flops"] >= 0.9 * case["inputs"]["glue_flops"]  # XLA saw the matmul
 
 
 def test_estimate_refuses_attempts_without_a_suite(cli):
@@ -486,3 +520,63 @@ def test_glue_is_priced_at_its_fused_bytes_not_op_by_op():
     assert fused_glue_bytes(closed.jaxpr) == 2 * tensor
     summary = summarize(closed)
     assert summary.glue_fused_bytes == 2 * tensor < summary.outside.bytes_accessed
+
+
+# A softmax whose kernel reduces over columns: the glue transposes x in and the result out.
+TRANSPOSING_SOFTMAX = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def column_softmax(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    e = jnp.exp(x - jnp.max(x, axis=0, keepdims=True))
+    o_ref[...] = (e / jnp.sum(e, axis=0, keepdims=True)).astype(o_ref.dtype)
+
+
+def kernel(x):
+    d = x.shape[-1]
+    xt = x.reshape(-1, d).T
+    cols = min(128, xt.shape[1])
+    out = pl.pallas_call(
+        column_softmax, grid=(pl.cdiv(xt.shape[1], cols),),
+        in_specs=[pl.BlockSpec((d, cols), lambda i: (0, i))],
+        out_specs=pl.BlockSpec((d, cols), lambda i: (0, i)),
+        out_shape=jax.ShapeDtypeStruct(xt.shape, x.dtype),
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 << 20),
+    )(xt)
+    return out.T.reshape(x.shape)
+'''
+
+
+def test_with_a_libtpu_compile_the_glue_is_priced_by_xlas_model_of_the_candidates_program(with_libtpu):
+    """The tpu-compile backend compiles the candidate at its bench cases: XLA's cost model of that
+    program (its kernels custom calls at zero) prices the glue, the transposes into and out of the
+    kernel included; without the compile our count of the glue does."""
+    import tasks
+    from evaluator.grader import Evaluator
+    from evaluator.performance.calibration import load
+    from evaluator.stages import LAST_STATIC_STAGE
+
+    task = tasks.get_task("softmax")
+    with Evaluator(backend="tpu-compile", workers=1, generation="v6e") as ev:
+        v = ev.grade(task, TRANSPOSING_SOFTMAX, through=LAST_STATIC_STAGE)
+    assert v.status == "pending", v.message
+    c = load(compiled=True)  # the constants fitted for XLA-priced glue
+    assert c == ev.calibration and c != load()
+    for name, case in v.predicted_speedup["cases"].items():
+        inputs = CaseInputs.from_dict(case["inputs"])
+        x_bytes = math.prod(next(cs for cs in task.cases if cs.name == name).dims.values()) * (
+            4 if name.endswith("f32") else 2)
+        assert inputs.glue_xla is not None and inputs.glue_xla.bytes_accessed >= 4 * x_bytes  # both transposes
+        without_glue = dataclasses.replace(inputs, glue_bytes=0.0, glue_xla=None)
+        assert case["kernel_s"] - kernel_time(without_glue, GEN, c)[0] == pytest.approx(
+            inputs.glue_xla.optimal_s / c.xla_efficiency, rel=1e-6)
+        ours = dataclasses.replace(inputs, glue_xla=None)
+        assert kernel_time(ours, GEN, c)[0] - kernel_time(without_glue, GEN, c)[0] == pytest.approx(
+            inputs.glue_bytes / (GEN.hbm_bytes_per_s * c.hbm_efficiency), rel=1e-6)
+        # A kernel that declares a pl.CostEstimate has it in XLA's figure: our count prices the glue.
+        declared = dataclasses.replace(inputs, glue_xla=dataclasses.replace(inputs.glue_xla, declared_costs=1))
+        assert kernel_time(declared, GEN, c) == kernel_time(ours, GEN, c)

@@ -130,7 +130,10 @@ def lower(state: WorkerState, request: Lower, arrays: list) -> tuple[Any, list]:
 
 
 def compile_case(state: WorkerState, request: Compile, arrays: list) -> tuple[Any, list]:
-    """Full libtpu compile of one case for a described TPU topology: no TPU needed."""
+    """Full libtpu compile of one case for a described TPU topology: no TPU needed. The same
+    compile gives XLA's cost model of the program around the kernels (the speed prediction's glue)."""
+    from evaluator.performance.xla_cost import read_compiled
+
     program = _replayed(state, request.case.name)
     try:
         compiled = _compile_for(state, request.topology, program, request.case)
@@ -139,7 +142,8 @@ def compile_case(state: WorkerState, request: Compile, arrays: list) -> tuple[An
     stats = compiled.memory_analysis()
     fields = ("generated_code_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
               "temp_size_in_bytes", "alias_size_in_bytes")
-    return Compiled({f: int(getattr(stats, f, 0) or 0) for f in fields}), []
+    return Compiled({f: int(getattr(stats, f, 0) or 0) for f in fields},
+                    dataclasses.asdict(read_compiled(compiled))), []
 
 
 def reference_cost(state: WorkerState, request: ReferenceCost, arrays: list) -> tuple[Any, list]:

@@ -181,6 +181,9 @@ class Traced:
 @dataclass
 class Compiled:
     memory: dict[str, int]  # the compiler's memory statistics, bytes
+    # What XLA's cost model says of the candidate's program (XlaProgramCost's fields): its glue,
+    # the Pallas kernels being custom calls it prices at zero (or at their declared cost)
+    cost: dict[str, Any] | None = None
 
 
 @dataclass

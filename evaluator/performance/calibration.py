@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_FILE = Path(__file__).with_name("calibration.json")
+# Fitted where libtpu compiled each candidate and XLA's cost model priced its glue
+# (prediction.glue_time): that glue is priced differently, so its constants are fitted apart.
+COMPILED_FILE = Path(__file__).with_name("calibration-compiled.json")
 MIN_CALL_S = 1e-7  # no program takes less on the device: a prediction never divides by zero
 ENV = "PALLAS_KERNEL_GYM_CALIBRATION"
 
@@ -42,9 +45,10 @@ class Calibration:
         return dataclasses.asdict(self)
 
 
-def load(path: str | Path | None = None) -> Calibration:
-    """The constants from `path`, else from $PALLAS_KERNEL_GYM_CALIBRATION, else the committed file."""
-    path = Path(path or os.environ.get(ENV) or DEFAULT_FILE)
+def load(path: str | Path | None = None, compiled: bool = False) -> Calibration:
+    """The constants from `path`, else from $PALLAS_KERNEL_GYM_CALIBRATION, else the committed
+    file (`compiled`: the one for predictions whose glue XLA priced from a libtpu compile)."""
+    path = Path(path or os.environ.get(ENV) or (COMPILED_FILE if compiled else DEFAULT_FILE))
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

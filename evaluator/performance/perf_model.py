@@ -69,6 +69,7 @@ class PerfEstimate:
     glue_conv_flops: float = 0.0      # of glue_flops: convolutions,
     glue_conv_mxu_flops: float = 0.0  # and the same with their feature dims padded to MXU tiles
     glue_multipass_flops: float = 0.0  # beyond glue_flops: its dots' extra MXU passes
+    glue_conv_skipped_flops: float = 0.0  # of glue_conv_flops: taps on a transposed convolution's zeros
 
     @property
     def lower_bound(self) -> bool:
@@ -134,7 +135,8 @@ def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, referenc
         grid_steps=int(sum(c.grid_steps * c.runs for c in summary.pallas_calls)),
         glue_flops=outside.flops + outside.heavy_flops, glue_f32_matmul_flops=outside.f32_matmul_flops,
         glue_bytes=min(glue_bytes, summary.glue_fused_bytes), glue_conv_flops=outside.conv_flops,
-        glue_conv_mxu_flops=outside.conv_mxu_flops, glue_multipass_flops=outside.multipass_flops)
+        glue_conv_mxu_flops=outside.conv_mxu_flops, glue_multipass_flops=outside.multipass_flops,
+        glue_conv_skipped_flops=outside.conv_skipped_flops)
 
 
 def compute_time(flops: float, f32_matmul_flops: float, gen: TpuGeneration,

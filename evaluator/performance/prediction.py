@@ -1,6 +1,7 @@
 """Predicted speedup over XLA without a TPU: our model's time for the candidate's program (its
-Pallas kernels from their grids and blocks, the glue around them from its FLOPs and bytes,
-matmuls left to XLA included) against XLA's own cost model's time for the reference
+Pallas kernels from their grids and blocks; the glue around them, matmuls and convolutions left to
+XLA included, by XLA's cost model of the candidate's compiled program where libtpu compiled it,
+else by our count of its FLOPs and bytes) against XLA's own cost model's time for the reference
 (evaluator/performance/xla_cost.py), both with the calibrated constants
 (evaluator/performance/calibration.py). `speedup` stays the measured one, on a TPU only.
 
@@ -17,7 +18,7 @@ from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.performance.calibration import MIN_CALL_S, Calibration
 from evaluator.performance.hardware import TpuGeneration
 from evaluator.performance.perf_model import PerfEstimate, compute_time, conv_extra_time
-from evaluator.performance.xla_cost import ReferenceWork, XlaProgramCost, price_reference
+from evaluator.performance.xla_cost import ReferenceWork, XlaProgramCost, price_program, price_reference
 
 METHODS = {"xla": "our model for the kernels, XLA's TPU cost model for the reference",
            "model": "our model for the kernels and the reference (no XLA cost: see the notes)"}
@@ -47,23 +48,35 @@ class CaseInputs:
     glue_conv_flops: float = 0.0  # of glue_flops: convolutions left to XLA, and as the MXU runs them
     glue_conv_mxu_flops: float = 0.0
     glue_multipass_flops: float = 0.0  # beyond glue_flops: the extra MXU passes of its dots
+    glue_conv_skipped_flops: float = 0.0  # of glue_conv_flops: taps on a transposed convolution's zeros
+    # XLA's cost model of the candidate's whole program, compiled by libtpu at this case (the
+    # lowering stage's compile): its kernels are custom calls it prices at zero, so it is the glue
+    glue_xla: XlaProgramCost | None = None
 
     @classmethod
-    def of(cls, est: PerfEstimate, reference: Cost, xla: XlaProgramCost | str) -> "CaseInputs":
+    def of(cls, est: PerfEstimate, reference: Cost, xla: XlaProgramCost | str,
+           glue_xla: XlaProgramCost | None = None) -> "CaseInputs":
         return cls([KernelWork(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs, k.multipass_flops)
                     for k in est.kernels],
                    est.glue_flops, est.glue_f32_matmul_flops, est.glue_bytes, ReferenceWork.of(reference),
                    est.ideal_bytes, xla if isinstance(xla, XlaProgramCost) else None,
                    xla if isinstance(xla, str) else "", est.glue_conv_flops, est.glue_conv_mxu_flops,
-                   est.glue_multipass_flops)
+                   est.glue_multipass_flops, est.glue_conv_skipped_flops, glue_xla)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CaseInputs":
         data = dict(data)
         data["kernels"] = [KernelWork(**k) for k in data["kernels"]]
         data["reference"] = ReferenceWork(**data["reference"])
-        data["xla"] = XlaProgramCost(**data["xla"]) if data.get("xla") else None
+        for name in ("xla", "glue_xla"):
+            data[name] = XlaProgramCost(**data[name]) if data.get(name) else None
         return cls(**data)
+
+    @property
+    def glue_work(self) -> ReferenceWork:
+        """Our count of the glue's work, as XLA's figure for it is priced (xla_cost.price_program)."""
+        return ReferenceWork(self.glue_flops, self.glue_f32_matmul_flops, 0.0, self.glue_conv_flops,
+                             self.glue_conv_mxu_flops, self.glue_conv_skipped_flops, self.glue_multipass_flops)
 
 
 @dataclass
@@ -90,7 +103,7 @@ class PredictedSpeedup:
 
 def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration) -> tuple[float, str]:
     """(seconds, bound) of a candidate's program at one case: each kernel a roofline at the
-    calibrated rates plus its grid steps, the glue a roofline, one after another, and the
+    calibrated rates plus its grid steps, the glue (`glue_time`), one after another, and the
     host's cost of the call."""
     bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
     parts = {"compute": 0.0, "memory": 0.0, "step overhead": 0.0}
@@ -104,16 +117,30 @@ def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration
         parts["memory"] += memory
         parts["step overhead"] += steps
         total += max(compute, memory) + steps
-    glue_compute = (compute_time(inputs.glue_flops + inputs.glue_multipass_flops, inputs.glue_f32_matmul_flops, gen,
-                                 calibration.f32_matmul_share)
-                    + conv_extra_time(inputs.glue_conv_flops, inputs.glue_conv_mxu_flops, gen,
-                                      calibration.conv_efficiency))
-    glue_memory = inputs.glue_bytes / bandwidth
+    glue_compute, glue_memory = glue_time(inputs, gen, calibration)
     parts["compute"] += glue_compute
     parts["memory"] += glue_memory
     total += max(glue_compute, glue_memory)
     parts["dispatch"] = calibration.dispatch_s
     return max(total, MIN_CALL_S) + calibration.dispatch_s, max(parts, key=parts.__getitem__)
+
+
+def glue_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration,
+              by_xla: bool = True) -> tuple[float, float]:
+    """(compute, memory) seconds of the glue around the kernels; the glue takes the larger.
+    XLA's cost model of the candidate's compiled program where there is one (it sees the layout
+    copies into and out of the kernels, which our count of fused glue does not), its gaps priced
+    as a reference's are; else (or with `by_xla` False) a roofline of our count."""
+    xla = inputs.glue_xla
+    if by_xla and xla is not None and not xla.declared_costs:  # a declared pl.CostEstimate is in XLA's figure
+        priced = price_program(xla, inputs.glue_work, gen, calibration)
+        seconds = priced.seconds + priced.gap_s
+        memory_bound = xla.bytes_accessed / gen.hbm_bytes_per_s >= xla.flops / gen.bf16_flops_per_s
+        return (0.0, seconds) if memory_bound else (seconds, 0.0)
+    compute = (compute_time(inputs.glue_flops + inputs.glue_multipass_flops, inputs.glue_f32_matmul_flops, gen,
+                            calibration.f32_matmul_share)
+               + conv_extra_time(inputs.glue_conv_flops, inputs.glue_conv_mxu_flops, gen, calibration.conv_efficiency))
+    return compute, inputs.glue_bytes / (gen.hbm_bytes_per_s * calibration.hbm_efficiency)
 
 
 def predict_case(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration) -> CasePrediction:

@@ -53,6 +53,7 @@ class XlaProgramCost:
     custom_calls: list[str] = field(default_factory=list)  # targets of the calls that do work
     custom_call_bytes: float = 0.0  # their operands' and results' bytes, which XLA prices at zero
     while_loops: int = 0
+    declared_costs: int = 0  # custom calls carrying a pl.CostEstimate, which XLA prices verbatim
 
 
 def read_compiled(compiled: Any) -> XlaProgramCost:
@@ -86,6 +87,7 @@ def read_hlo(text: str, cost: XlaProgramCost) -> None:
             continue
         operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
         cost.custom_calls.append(target.group(1))
+        cost.declared_costs += '"cost_estimate"' in rest
         cost.custom_call_bytes += sizes[name] + sum(sizes.get(o, 0.0) for o in operands)
 
 
@@ -112,7 +114,6 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
     """XLA's time for the reference, its pitfalls handled; `ours` is our count of what the
     reference computes (evaluator/truth/reference.py), `ideal_bytes` its inputs and outputs
     once. Without a usable XLA figure (`unavailable` says why) our roofline of the reference."""
-    notes: list[str] = []
     bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
     loops_s = ours.loop_iterations * calibration.loop_iteration_s
     if xla is None:
@@ -122,9 +123,37 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
                       ideal_bytes / bandwidth)
         return ReferenceTime(max(seconds + loops_s, MIN_CALL_S) + calibration.dispatch_s, "model",
                              [unavailable] if unavailable else [])
+    priced = price_program(xla, ours, gen, calibration)
+    notes = priced.notes
+    call_s = xla.custom_call_bytes / bandwidth
+    if xla.custom_calls:
+        notes.append(f"custom calls {sorted(set(xla.custom_calls))} priced by their bytes")
+    if loops_s:
+        notes.append(f"{ours.loop_iterations:,.0f} loop iterations at {calibration.loop_iteration_s * 1e6:.2g} us")
+    return ReferenceTime(max(priced.seconds + max(priced.gap_s, call_s) + loops_s, MIN_CALL_S)
+                         + calibration.dispatch_s, "xla", notes)
+
+
+@dataclass
+class ProgramTime:
+    """XLA's cost-model time for a compiled program with what it leaves out priced by us."""
+
+    seconds: float  # its own time, with f32 matmuls, extra MXU passes and convolutions repriced
+    gap_s: float    # the FLOPs our count has beyond XLA's (custom calls, loop bodies counted once)
+    notes: list[str]
+
+
+def price_program(xla: XlaProgramCost, ours: ReferenceWork, gen: TpuGeneration,
+                  calibration: Calibration) -> ProgramTime:
+    """XLA's time for a program whose work we counted as `ours`: a reference, or the glue around a
+    candidate's kernels (evaluator/performance/prediction.py)."""
+    notes: list[str] = []
     if math.isfinite(xla.optimal_s) and xla.optimal_s > 0:
         seconds = xla.optimal_s / calibration.xla_efficiency
+    elif not xla.flops and not xla.bytes_accessed:
+        seconds = 0.0  # nothing outside its custom calls (XLA then gives no time, or -1)
     else:  # never used: XLA's own FLOP and byte counts under our roofline stand in
+        bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
         seconds = max(xla.flops / gen.bf16_flops_per_s, xla.bytes_accessed / bandwidth) / calibration.xla_efficiency
         notes.append(f"XLA's cost model gave {xla.optimal_s:.3g} s, not physical: not used; its FLOP and byte "
                      "counts priced by our roofline instead")
@@ -152,13 +181,7 @@ def price_reference(xla: XlaProgramCost | None, ours: ReferenceWork, ideal_bytes
         gap_s = gap_flops / (gen.bf16_flops_per_s * calibration.compute_efficiency)
         notes.append(f"{gap_flops / 1e9:.3g} GFLOP XLA's model did not price (custom calls, loop bodies "
                      "counted once): priced by ours")
-    call_s = xla.custom_call_bytes / bandwidth
-    if xla.custom_calls:
-        notes.append(f"custom calls {sorted(set(xla.custom_calls))} priced by their bytes")
-    if loops_s:
-        notes.append(f"{ours.loop_iterations:,.0f} loop iterations at {calibration.loop_iteration_s * 1e6:.2g} us")
-    return ReferenceTime(max(seconds + max(gap_s, call_s) + loops_s, MIN_CALL_S) + calibration.dispatch_s, "xla",
-                         notes)
+    return ProgramTime(seconds, gap_s, notes)
 
 
 @dataclass
