@@ -125,14 +125,13 @@ def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration
     return max(total, MIN_CALL_S) + calibration.dispatch_s, max(parts, key=parts.__getitem__)
 
 
-def glue_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration,
-              by_xla: bool = True) -> tuple[float, float]:
+def glue_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration) -> tuple[float, float]:
     """(compute, memory) seconds of the glue around the kernels; the glue takes the larger.
     XLA's cost model of the candidate's compiled program where there is one (it sees the layout
     copies into and out of the kernels, which our count of fused glue does not), its gaps priced
-    as a reference's are; else (or with `by_xla` False) a roofline of our count."""
+    as a reference's are; else a roofline of our count."""
     xla = inputs.glue_xla
-    if by_xla and xla is not None and not xla.declared_costs:  # a declared pl.CostEstimate is in XLA's figure
+    if xla is not None and not xla.declared_costs:  # a declared pl.CostEstimate is in XLA's figure
         priced = price_program(xla, inputs.glue_work, gen, calibration)
         seconds = priced.seconds + priced.gap_s
         memory_bound = xla.bytes_accessed / gen.hbm_bytes_per_s >= xla.flops / gen.bf16_flops_per_s
