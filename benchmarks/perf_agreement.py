@@ -24,6 +24,7 @@ import contextlib
 import csv
 import dataclasses
 import functools
+import hashlib
 import json
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from evaluator.performance import calibration as calib  # noqa: E402
 from evaluator.performance.fit import Agreement, Sample, agreement, as_measured, fit  # noqa: E402
 from evaluator.performance.hardware import GENERATIONS, TpuGeneration  # noqa: E402
 from evaluator.performance.prediction import CaseInputs  # noqa: E402
+from evaluator.performance.xla_cost import ReferenceWork, XlaProgramCost  # noqa: E402
 
 TUNING_MODEL, HELDOUT_MODEL = "gpt53", "gemini3"
 RUNS = Path("runs/perf-agreement")
@@ -113,13 +115,17 @@ def bf16_inputs(suite: Path, rows: list[dict[str, Any]]) -> dict[str, CaseInputs
 
 
 class HarnessTiming:
-    """KernelBench references as JAXBench's harness timed them (suites/jaxbench_harness.py: the
-    model's own weights closed over, zeros in most of level 2, which XLA folds away), compiled
-    when first asked for: XLA's cost of that program, and our count of the reference's work
-    (f32 matmuls, extra MXU passes, convolutions) scaled by the share of its FLOPs XLA kept
-    (its count of the timed program over its count with the weights as arguments)."""
+    """KernelBench references and kernels as JAXBench's harness timed them
+    (suites/jaxbench_harness.py: the model's own weights closed over, zeros in most of level 2,
+    which XLA folds away), compiled when first asked for. A reference: XLA's cost of that program,
+    and our count of the reference's work (f32 matmuls, extra MXU passes, convolutions) scaled by
+    the share of its FLOPs XLA kept (its count of the timed program over its count with the
+    weights as arguments). A kernel compiled for its prediction (`--backend tpu-compile`): the
+    same for the glue around its Pallas calls (a matmul by the zero weights left to XLA is folded
+    there too; the Pallas calls never are)."""
 
     DRIVER = "suites.jaxbench_harness:harness_timed_reference"
+    CANDIDATE_DRIVER = "suites.jaxbench_harness:harness_timed_candidate"
 
     def __init__(self, suite: Path):
         from evaluator.digest import code_digest, task_digest
@@ -127,45 +133,72 @@ class HarnessTiming:
         from suites.resolver import TaskResolver
 
         harness = code_digest(("suites.jaxbench_harness",))  # not in the adapter's digest
-        self.costs = ReferenceCosts(lambda task: task_digest(task) + harness)
+        self.costs = ReferenceCosts(lambda task: task_digest(task) + harness + task.external.timed_digest)
         self.resolver = TaskResolver([f"jaxbench:{suite}"])
 
-    def inputs(self, row: dict[str, Any], inputs: CaseInputs) -> CaseInputs:
-        """The row's case inputs with its reference as the harness timed it (unchanged for a
-        priority workload, whose inputs their harness passes as arguments, as we do)."""
+    def _timed(self, row: dict[str, Any], source: str | None) -> XlaProgramCost | None:
+        """XLA's cost of the row's task's reference (`source` None) or of a candidate's program
+        (its source), as the harness timed it at the row's case; None where it has no figure."""
         from evaluator.stages import case_spec
 
-        if not row["task"].startswith("kernelbench-jax/"):
-            return inputs
         task = self.resolver.task(row["task"], run_reference=False)
         case = next(c for c in task.cases if c.name in row["cases"])
         spec = case_spec(task, case)
         spec.args = spec.args[:task.external.described[case.name].n_inputs]
         spec.name += "_as_harness_timed"
-        source = task.external.sources[case.name]
-        xla = self.costs.cost(dataclasses.replace(task, external=_Timed(task.external, (source, self.DRIVER, []))),
-                              case, spec, GEN)
-        if isinstance(xla, str):
-            return inputs  # no figure for what was timed: the reference's as a grading times it
-        whole = inputs.xla.flops if inputs.xla is not None else inputs.reference.flops
-        kept = min(1.0, xla.flops / whole) if whole > 0 else 1.0
-        r = inputs.reference
-        reference = dataclasses.replace(r, flops=r.flops * kept, f32_matmul_flops=r.f32_matmul_flops * kept,
-                                        conv_flops=r.conv_flops * kept, conv_mxu_flops=r.conv_mxu_flops * kept,
-                                        conv_skipped_flops=r.conv_skipped_flops * kept,
-                                        multipass_flops=r.multipass_flops * kept)
-        return dataclasses.replace(inputs, reference=reference, xla=xla, xla_unavailable="")
+        reference = task.external.sources[case.name]
+        timed = (_Timed(task.external, (source, self.CANDIDATE_DRIVER, [reference]),
+                        hashlib.sha256(source.encode()).hexdigest()) if source is not None
+                 else _Timed(task.external, (reference, self.DRIVER, [])))
+        xla = self.costs.cost(dataclasses.replace(task, external=timed), case, spec, GEN)
+        return None if isinstance(xla, str) else xla
+
+    def inputs(self, row: dict[str, Any], inputs: CaseInputs, candidate: str | None = None) -> CaseInputs:
+        """The row's case inputs with its reference as the harness timed it, and the glue of
+        `candidate` (its source) too where XLA priced that glue (a compiled path's row: the
+        default path's count of the glue has no compile of what was timed to follow).
+        Unchanged for a priority workload, whose inputs their harness passes as arguments, as we do."""
+        if not row["task"].startswith("kernelbench-jax/"):
+            return inputs
+        xla = self._timed(row, None)
+        if xla is not None:  # else no figure for what was timed: the reference's as a grading times it
+            whole = inputs.xla.flops if inputs.xla is not None else inputs.reference.flops
+            r = _scaled(inputs.reference, _kept(xla.flops, whole))
+            inputs = dataclasses.replace(inputs, reference=r, xla=xla, xla_unavailable="")
+        if candidate is None or inputs.glue_xla is None:
+            return inputs
+        glue = self._timed(row, candidate)
+        if glue is None:
+            return inputs
+        w = _scaled(inputs.glue_work, _kept(glue.flops, inputs.glue_xla.flops))
+        return dataclasses.replace(
+            inputs, glue_flops=w.flops, glue_f32_matmul_flops=w.f32_matmul_flops, glue_conv_flops=w.conv_flops,
+            glue_conv_mxu_flops=w.conv_mxu_flops, glue_conv_skipped_flops=w.conv_skipped_flops,
+            glue_multipass_flops=w.multipass_flops, glue_xla=glue)
 
     def close(self) -> None:
         self.costs.close()
         self.resolver.close()
 
 
-class _Timed:
-    """An imported task's reference (oracle.SuiteReference) whose timed program is another one."""
+def _kept(timed_flops: float, whole_flops: float) -> float:
+    """The share of a program's FLOPs XLA kept in the timed program."""
+    return min(1.0, timed_flops / whole_flops) if whole_flops > 0 else 1.0
 
-    def __init__(self, external: Any, timed: tuple[str, str, list[Any]]):
-        self._external, self._timed = external, timed
+
+def _scaled(work: ReferenceWork, kept: float) -> ReferenceWork:
+    return dataclasses.replace(work, flops=work.flops * kept, f32_matmul_flops=work.f32_matmul_flops * kept,
+                               conv_flops=work.conv_flops * kept, conv_mxu_flops=work.conv_mxu_flops * kept,
+                               conv_skipped_flops=work.conv_skipped_flops * kept,
+                               multipass_flops=work.multipass_flops * kept)
+
+
+class _Timed:
+    """An imported task's reference (oracle.SuiteReference) whose timed program is another one
+    (`timed_digest`: that program's source hash where it is not the reference's own)."""
+
+    def __init__(self, external: Any, timed: tuple[str, str, list[Any]], timed_digest: str = ""):
+        self._external, self._timed, self.timed_digest = external, timed, timed_digest
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._external, name)
@@ -194,7 +227,8 @@ def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]], harness
         record = records.get((suite_name, level, attempt.path.stem.removesuffix(f"_{model}")))
         if not record or not record.get("generated_ms") or not record.get("original_ms"):
             continue
-        samples.append(Sample(row["candidate"], model, harness.inputs(row, inputs), record["generated_ms"] / 1e3,
+        samples.append(Sample(row["candidate"], model, harness.inputs(row, inputs, attempt.text()),
+                              record["generated_ms"] / 1e3,
                               record["original_ms"] / 1e3))
     return samples
 

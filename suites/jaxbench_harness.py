@@ -1,4 +1,4 @@
-"""JAXBench's references as their own harness timed them, for holding our predictions against
+"""JAXBench's references and generated kernels as their own harness timed them, for holding our predictions against
 their published times (benchmarks/perf_agreement.py); gradings never use this.
 
 Their pallas_eval harness (pallas_eval/eval_harness.py) jits `Model(*get_init_inputs()).forward`
@@ -20,3 +20,12 @@ def harness_timed_reference(module: types.ModuleType) -> Any:
     """A KernelBench model's reference as a function of `get_inputs()` alone, its own weights
     closed over. (Their harness passes a priority workload's inputs as arguments, as we do.)"""
     return module.Model(*module.get_init_inputs()).forward
+
+
+def harness_timed_candidate(module: types.ModuleType, reference_source: str) -> Any:
+    """A generated KernelBench kernel as their harness timed it: its `Model` built from the
+    reference's `get_init_inputs()`, its own weights closed over (XLA folds the glue around its
+    Pallas calls on them, never the calls themselves)."""
+    reference: dict[str, Any] = {}
+    exec(compile(reference_source, "jaxbench_reference", "exec"), reference)
+    return module.Model(*reference["get_init_inputs"]()).forward

@@ -341,10 +341,34 @@ def test_a_compile_cut_short_by_this_machines_limits_is_not_kept_on_disk(with_li
     assert patient.limits.memory_gb > Limits().memory_gb  # libtpu maps more than a grading worker may
 
 
+# A generated answer to level 2's 12 that leaves the matmul by its zero weights to XLA.
+GEMM_LEFT_TO_XLA = '''
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+class Model:
+    def __init__(self, in_features, out_features, multiplier, negative_slope):
+        self.weight = jnp.zeros((in_features, out_features))
+        self.multiplier, self.negative_slope = multiplier, negative_slope
+
+    def forward(self, x):
+        y = x @ self.weight
+
+        def body(y_ref, o_ref):
+            v = y_ref[...] * self.multiplier
+            o_ref[...] = jnp.where(v >= 0, v, v * self.negative_slope)
+
+        spec = pl.BlockSpec((256, y.shape[1]), lambda i: (i, 0))
+        return pl.pallas_call(body, grid=(y.shape[0] // 256,), in_specs=[spec], out_specs=spec, out_shape=y)(y)
+'''
+
+
 def test_jaxbench_references_are_held_against_their_times_as_their_harness_compiled_them(with_libtpu):
     """JAXBench's harness closes over a model's weights, zeros in level 2: XLA folds the matmul
     by them away, and what it timed is that folded program (docs/peer-suites.md). The comparison
-    compiles it so; a model without weights is the program a grading times."""
+    compiles it so, the reference and the glue around a kernel's Pallas calls alike; a model
+    without weights is the program a grading times."""
     import sys
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -354,16 +378,22 @@ def test_jaxbench_references_are_held_against_their_times_as_their_harness_compi
 
     harness = HarnessTiming(SUITE)
     costs = ReferenceCosts(task_digest)
+    kernel = KernelWork(1e6, 0.0, 64e6, 4.0)
     try:
-        timed = {}
+        timed, rows = {}, {}
         for name in ("kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU", "kernelbench-jax/level1/23_Softmax"):
             task = harness.resolver.task(name)  # built once, for both compiles
             case = task.select("train", "bench")[0]
             graded = costs.cost(task, case, case_spec(task, case), GEN)
             assert isinstance(graded, XlaProgramCost), graded
             ours = ReferenceWork(graded.flops, graded.flops, 0.0)
-            inputs = CaseInputs([], 0.0, 0.0, 0.0, ours, 1e6, graded)
-            timed[name] = graded, harness.inputs({"task": name, "cases": {case.name: {}}}, inputs)
+            rows[name] = {"task": name, "cases": {case.name: {}}}
+            timed[name] = graded, harness.inputs(rows[name], CaseInputs([kernel], 0.0, 0.0, 0.0, ours, 1e6, graded))
+        # the candidate's glue as a grading compiles it: the 1024 x 8192 x 8192 matmul, at f32
+        graded_glue = XlaProgramCost(2e-4, 2 * 1024 * 8192 * 8192, 3e8, 0.0, ["tpu_custom_call"], 6.4e7, 0, 0)
+        glue = CaseInputs([kernel], graded_glue.flops, graded_glue.flops, 3e8, ours, 1e6, None,
+                          glue_xla=graded_glue)
+        folded = harness.inputs(rows["kernelbench-jax/level2/12_Gemm_Multiply_LeakyReLU"], glue, GEMM_LEFT_TO_XLA)
     finally:
         harness.close()
         costs.close()
@@ -373,6 +403,13 @@ def test_jaxbench_references_are_held_against_their_times_as_their_harness_compi
     assert gemm.reference.f32_matmul_flops < graded.flops / 1000  # our count follows what XLA kept
     graded, softmax = timed["kernelbench-jax/level1/23_Softmax"]
     assert softmax.xla.flops == pytest.approx(graded.flops) and softmax.reference.flops == pytest.approx(graded.flops)
+    assert softmax.kernels == [kernel] and softmax.glue_xla is None  # no candidate given: its glue untouched
+    # The matmul the candidate left to XLA was folded as the reference's was; its kernel was not.
+    assert folded.glue_xla.custom_calls and folded.glue_xla.flops < graded_glue.flops / 1000
+    assert folded.glue_f32_matmul_flops < graded_glue.flops / 1000  # our count follows what XLA kept
+    assert folded.kernels == [kernel]
+    assert (predict_case(folded, GEN, Calibration()).kernel_s
+            < predict_case(glue, GEN, Calibration()).kernel_s / 3)
 
 
 def test_every_verdict_past_lowering_carries_a_predicted_speedup(with_libtpu, evaluator):
