@@ -1,5 +1,5 @@
-"""JAXBench's references and generated kernels as their own harness timed them, for holding our predictions against
-their published times (benchmarks/perf_agreement.py); gradings never use this.
+"""JAXBench's references and generated kernels as their own harness timed them, for holding our
+predictions against their published times (benchmarks/perf_agreement.py); gradings never use this.
 
 Their pallas_eval harness (pallas_eval/eval_harness.py) jits `Model(*get_init_inputs()).forward`
 over `get_inputs()`: the model's weights are closed over, so they reach XLA as constants, and XLA
