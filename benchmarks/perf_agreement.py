@@ -13,6 +13,9 @@ timed it, `HarnessTiming`). Predicted: `python -m evaluator estimate
 `--fit` fits the calibration constants on the tuning set only (the benchmark workloads and
 GPT-5.3's kernels and references) and writes them to evaluator/performance/calibration.json;
 `--heldout` adds Gemini 3's kernels, which nothing was fitted on: run it once, at the end.
+`--measured DIR` holds the kernels against timings taken again on another chip
+(benchmarks/jaxbench_timings.py on a TPU host: eval_<model>.json in their shape), predicted for
+that chip's generation; the benchmark workloads, timed by JAXBench alone, are left out.
 Prints a Markdown table (docs/performance-model.md) of, per set: share within 2x, median
 predicted/measured, Spearman, and for kernels the sign accuracy of "faster than XLA" beside its
 base rate.
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evaluator.performance import calibration as calib  # noqa: E402
 from evaluator.performance.fit import Agreement, Sample, agreement, as_measured, fit  # noqa: E402
@@ -44,19 +48,42 @@ RUNS = Path("runs/perf-agreement")
 GEN = GENERATIONS["v6e"]  # JAXBench measured on v6e
 
 
-def estimate_rows(suite: Path, model: str | None, workers: int, backend: str = "tpu-interpret"
-                  ) -> list[dict[str, Any]]:
-    """`estimate --json` rows for the suite's solutions (model None) or one model's attempts,
-    from runs/perf-agreement/ when an earlier run left them."""
-    out = RUNS / f"{model or 'solutions'}{'' if backend == 'tpu-interpret' else '-' + backend}.jsonl"
-    if not out.is_file() or not out.stat().st_size:
+def estimate_rows(suite: Path, model: str | None, workers: int, backend: str = "tpu-interpret",
+                  gen: TpuGeneration = GEN, tasks: set[str] | None = None) -> list[dict[str, Any]]:
+    """`estimate --json` rows for the suite's solutions (model None) or one model's attempts (of
+    `tasks` only, where given), from runs/perf-agreement/ when an earlier run left them all."""
+    out = RUNS / (f"{model or 'solutions'}{'' if backend == 'tpu-interpret' else '-' + backend}"
+                  f"{'' if gen is GEN else '-' + gen.name}.jsonl")
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() else []
+    if not rows or (tasks and not tasks <= {r["task"] for r in rows}):
         RUNS.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "evaluator", "estimate", "--suite", f"jaxbench:{suite}", "--json",
-               "--workers", str(workers), "--tpu", GEN.name, "--backend", backend] + (
-                   ["--attempts", model] if model else [])
+               "--workers", str(workers), "--tpu", gen.name, "--backend", backend] + (
+                   ["--attempts", model] if model else []) + [a for t in sorted(tasks or ()) for a in ("--task", t)]
         with open(out, "w") as f:
             subprocess.run(cmd, check=True, stdout=f)
-    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def measured_on(folder: Path) -> TpuGeneration:
+    """The generation whose chip took the timings in `folder` (benchmarks/jaxbench_timings.py)."""
+    from tpu_timings import generation_of
+
+    kinds = {json.loads(p.read_text())["metadata"]["device_kind"] for p in folder.glob("eval_*.json")}
+    if len(kinds) != 1:
+        raise SystemExit(f"{folder} holds timings of {len(kinds)} kinds of chip ({', '.join(sorted(kinds))}): "
+                         "one at a time")
+    return GENERATIONS[generation_of(kinds.pop())]
+
+
+def timed_tasks(results: Path, model: str) -> set[str]:
+    """Our task names of the kernels a results file has times for."""
+    from suites.attempts import LEVEL_PREFIX, PRIORITY_GROUP, task_name
+
+    records = json.loads((results / f"eval_{model}.json").read_text())["results"]
+    return {task_name(PRIORITY_GROUP if r.get("suite") == PRIORITY_GROUP else LEVEL_PREFIX + str(r.get("level")),
+                      r["name"]) for r in records if r.get("generated_ms") and r.get("original_ms")}
 
 
 def case_inputs(row: dict[str, Any]) -> CaseInputs | None:
@@ -127,7 +154,7 @@ class HarnessTiming:
     DRIVER = "suites.jaxbench_harness:harness_timed_reference"
     CANDIDATE_DRIVER = "suites.jaxbench_harness:harness_timed_candidate"
 
-    def __init__(self, suite: Path):
+    def __init__(self, suite: Path, gen: TpuGeneration = GEN):
         from evaluator.digest import code_digest, task_digest
         from evaluator.truth.xla_reference import ReferenceCosts
         from suites.resolver import TaskResolver
@@ -135,6 +162,7 @@ class HarnessTiming:
         harness = code_digest(("suites.jaxbench_harness",))  # not in the adapter's digest
         self.costs = ReferenceCosts(lambda task: task_digest(task) + harness + task.external.timed_digest)
         self.resolver = TaskResolver([f"jaxbench:{suite}"])
+        self.gen = gen
 
     def _timed(self, row: dict[str, Any], source: str | None) -> XlaProgramCost | None:
         """XLA's cost of the row's task's reference (`source` None) or of a candidate's program
@@ -150,7 +178,7 @@ class HarnessTiming:
         timed = (_Timed(task.external, (source, self.CANDIDATE_DRIVER, [reference]),
                         hashlib.sha256(source.encode()).hexdigest()) if source is not None
                  else _Timed(task.external, (reference, self.DRIVER, [])))
-        xla = self.costs.cost(dataclasses.replace(task, external=timed), case, spec, GEN)
+        xla = self.costs.cost(dataclasses.replace(task, external=timed), case, spec, self.gen)
         return None if isinstance(xla, str) else xla
 
     def inputs(self, row: dict[str, Any], inputs: CaseInputs, candidate: str | None = None) -> CaseInputs:
@@ -207,14 +235,17 @@ class _Timed:
         return self._timed
 
 
-def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]], harness: HarnessTiming) -> list[Sample]:
+def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]], harness: HarnessTiming,
+                    results: Path | None = None, timing: str = "ms") -> list[Sample]:
     """A model's kernels that JAXBench's harness found correct and timed, with their references
-    as it timed them."""
+    as it timed them: their times, or those in `results` (the same files' shape) taken again;
+    `timing` "pipelined_ms" reads that run's back-to-back figure instead of the mean call."""
     from suites.attempts import discover
 
     timed = {a.key: a for a in discover(suite, [model]) if a.theirs is not None and a.theirs.verdict == "correct"}
     records = {}
-    for r in json.loads((suite / "pallas_eval" / "results" / f"eval_{model}.json").read_text())["results"]:
+    for r in json.loads(((results or suite / "pallas_eval" / "results") / f"eval_{model}.json").read_text()
+                        )["results"]:
         records[(r.get("suite"), r.get("level"), r["name"])] = r
     samples = []
     for row in rows:
@@ -225,11 +256,10 @@ def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]], harness
         level = attempt.group.removeprefix("jaxkernelbench_") if attempt.group.startswith("jaxkernelbench") else None
         suite_name = "jaxkernelbench" if level else "priority_kernels"
         record = records.get((suite_name, level, attempt.path.stem.removesuffix(f"_{model}")))
-        if not record or not record.get("generated_ms") or not record.get("original_ms"):
+        if not record or not record.get(f"generated_{timing}") or not record.get(f"original_{timing}"):
             continue
         samples.append(Sample(row["candidate"], model, harness.inputs(row, inputs, attempt.text()),
-                              record["generated_ms"] / 1e3,
-                              record["original_ms"] / 1e3))
+                              record[f"generated_{timing}"] / 1e3, record[f"original_{timing}"] / 1e3))
     return samples
 
 
@@ -327,36 +357,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     p.add_argument("--backend", choices=("tpu-interpret", "tpu-compile"), default="tpu-interpret",
                    help="estimate's backend: tpu-compile prices the glue around kernels by XLA's compile")
+    p.add_argument("--measured", type=Path, default=None,
+                   help="a folder of eval_<model>.json timed again on a TPU (benchmarks/jaxbench_timings.py): "
+                        "hold the kernels against those times, predicted for that chip")
+    p.add_argument("--timing", choices=("mean", "pipelined"), default="mean",
+                   help="with --measured: their harness's mean call (default) or the back-to-back figure")
     args = p.parse_args(argv)
-    rows = functools.partial(estimate_rows, args.suite, workers=args.workers, backend=args.backend)
+    if args.measured and args.fit:
+        p.error("--fit fits on JAXBench's own v6e times; --measured is a test of the constants, not a fit")
+    if args.timing != "mean" and not args.measured:
+        p.error("--timing needs --measured (JAXBench's own files have their mean call only)")
+    gen = measured_on(args.measured) if args.measured else GEN
+    timing = "ms" if args.timing == "mean" else "pipelined_ms"
+    rows = functools.partial(estimate_rows, args.suite, workers=args.workers, backend=args.backend, gen=gen)
     compiled = args.backend == "tpu-compile"
     args.calibration = args.calibration or (calib.COMPILED_FILE if compiled else calib.DEFAULT_FILE)
+    models = [TUNING_MODEL] + ([HELDOUT_MODEL] if args.heldout else [])
+    on = f", timed on {gen.name}" if args.measured else ""
 
-    solutions = rows(None)
-    with contextlib.closing(HarnessTiming(args.suite)) as harness:
-        tuning = {"benchmark workloads": workload_samples(args.suite, solutions, bf16_inputs(args.suite, solutions)),
-                  f"{TUNING_MODEL} kernels": attempt_samples(args.suite, TUNING_MODEL,
-                                                             rows(TUNING_MODEL),
-                                                             harness)}
+    def kernels(model: str, harness: HarnessTiming) -> list[Sample]:
+        tasks = timed_tasks(args.measured, model) if args.measured else None
+        return attempt_samples(args.suite, model, rows(model, tasks=tasks), harness, args.measured, timing)
+
+    solutions = [] if args.measured else rows(None)  # the references come with the kernels' rows
+    with contextlib.closing(HarnessTiming(args.suite, gen)) as harness:
+        sets = {} if args.measured else {
+            "benchmark workloads": workload_samples(args.suite, solutions, bf16_inputs(args.suite, solutions))}
+        sets[f"{TUNING_MODEL} kernels{on}"] = kernels(TUNING_MODEL, harness)
         before = calib.Calibration()
         after = calib.load(compiled=compiled)
         if args.fit:
-            after = fit([s for samples in tuning.values() for s in samples], GEN, before,
+            after = fit([s for samples in sets.values() for s in samples], GEN, before,
                         fitted_on=f"JAXBench v6e: benchmark workloads and {TUNING_MODEL}'s kernels "
-                                  f"({sum(map(len, tuning.values()))} cases)")
+                                  f"({sum(map(len, sets.values()))} cases)")
             calib.save(after, args.calibration)
             print(f"wrote {args.calibration}: {after}", file=sys.stderr)
-        sets = dict(tuning)
-        if args.heldout:
-            sets[f"{HELDOUT_MODEL} kernels (held out)"] = attempt_samples(
-                args.suite, HELDOUT_MODEL, rows(HELDOUT_MODEL), harness)
-    print(table(sets, {"assumed": before, "fitted": after}))
-    print("\n" + flop_check([i for i in map(case_inputs, solutions) if i is not None]))
+        for model in models[1:]:
+            sets[f"{model} kernels (held out){on}"] = kernels(model, harness)
+    print(table(sets, {"assumed": before, "fitted": after}, gen))
+    if solutions:
+        print("\n" + flop_check([i for i in map(case_inputs, solutions) if i is not None]))
     if args.plot:
-        plot(sets, after, args.plot)
+        plot(sets, after, args.plot, gen, "JAXBench" + on)
     if args.json:
         args.json.write_text(json.dumps({name: {k: (dataclasses.asdict(v) if isinstance(v, Agreement) else v)
-                                                for k, v in figures(samples, after).items()}
+                                                for k, v in figures(samples, after, gen).items()}
                                          for name, samples in sets.items()}, indent=2))
     return 0
 

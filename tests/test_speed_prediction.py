@@ -412,6 +412,91 @@ def test_jaxbench_references_are_held_against_their_times_as_their_harness_compi
             < predict_case(glue, GEN, Calibration()).kernel_s / 3)
 
 
+# A KernelBench reference, a kernel that runs on any backend, and one that cannot be built.
+TINY_REFERENCE = """
+import jax, jax.numpy as jnp
+
+
+class Model:
+    def __init__(self, scale):
+        self.scale = scale
+
+    def forward(self, x):
+        return jnp.tanh(x) * self.scale
+
+
+def get_inputs():
+    return [jnp.linspace(-2.0, 2.0, 256 * 128).reshape(256, 128)]
+
+
+def get_init_inputs():
+    return [3.0]
+"""
+TINY_KERNEL = TINY_REFERENCE.split("def get_inputs")[0]
+TINY_PRIORITY = """
+import jax.numpy as jnp
+
+
+def create_inputs():
+    return [jnp.ones((128, 128)), jnp.full((128, 128), 2.0)]
+
+
+def workload(a, b):
+    return a @ b
+"""
+
+
+def test_kernels_timed_again_on_a_chip_are_read_in_their_results_shape(tmp_path):
+    """benchmarks/jaxbench_timings.py times each kernel their harness found correct, and the
+    reference it faced, as their harness built them, into eval_<model>.json in their results
+    file's shape; one that fails is a row saying why, a rerun skips what is there, and the
+    comparison refuses timings from a chip that is not one of our TPU generations."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from jaxbench_timings import measure
+    from perf_agreement import measured_on, timed_tasks
+
+    suite, out = tmp_path / "jaxbench", tmp_path / "timed"
+    files = {"jaxkernelbench/level1/1_Tanh.py": TINY_REFERENCE,
+             "jaxkernelbench/level1/2_Broken.py": TINY_REFERENCE,
+             "priority_kernels/gemm/baseline.py": TINY_PRIORITY,
+             "pallas_eval/generated/m/jaxkernelbench_level1/1_Tanh.py": TINY_KERNEL,
+             "pallas_eval/generated/m/jaxkernelbench_level1/2_Broken.py": "raise ImportError('no such API')\n",
+             "pallas_eval/generated/m/priority_kernels/gemm.py": TINY_PRIORITY}
+    for path, text in files.items():
+        (suite / path).parent.mkdir(parents=True, exist_ok=True)
+        (suite / path).write_text(text)
+    record = {"correct": True, "generated_ms": 1.0, "original_ms": 1.0, "model": "m", "status": "success"}
+    theirs = [dict(record, name="1_Tanh", suite="jaxkernelbench", level="level1"),
+              dict(record, name="2_Broken", suite="jaxkernelbench", level="level1"),
+              dict(record, name="gemm", suite="priority_kernels", level=None),
+              dict(record, name="3_Wrong", suite="jaxkernelbench", level="level1", correct=False)]
+    (suite / "pallas_eval" / "results").mkdir(parents=True)
+    (suite / "pallas_eval" / "results" / "eval_m.json").write_text(json.dumps({"results": theirs}))
+
+    assert measure(suite, "m", out, float("inf")) == 0
+    rows = {r["name"]: r for r in json.loads((out / "eval_m.json").read_text())["results"]}
+    assert set(rows) == {"1_Tanh", "2_Broken", "gemm"}  # the kernel they found wrong is not timed
+    for name in ("1_Tanh", "gemm"):
+        r = rows[name]
+        assert r["status"] == "success" and r["largest_difference"] < 1e-6
+        assert all(r[f"{side}_{k}"] > 0 for side in ("original", "generated") for k in ("ms", "median_ms",
+                                                                                       "pipelined_ms"))
+    assert rows["2_Broken"]["status"] == "error" and "no such API" in rows["2_Broken"]["error"]
+    assert "generated_ms" not in rows["2_Broken"]
+    before = (out / "eval_m.json").read_text()
+    measure(suite, "m", out, float("inf"))
+    assert (out / "eval_m.json").read_text() == before
+    assert timed_tasks(out, "m") == {"kernelbench-jax/level1/1_Tanh", "jaxbench-priority/gemm"}
+    with pytest.raises(SystemExit, match="no TPU generation of ours"):
+        measured_on(out)  # timed on this machine's CPU
+    timed = json.loads(before)
+    timed["metadata"]["device_kind"] = "TPU v5 lite"  # as jax names a v5e
+    (out / "eval_m.json").write_text(json.dumps(timed))
+    assert measured_on(out).name == "v5e"
+
+
 def test_every_verdict_past_lowering_carries_a_predicted_speedup(with_libtpu, evaluator):
     import tasks
     from tests.conftest import read_candidate
