@@ -71,19 +71,10 @@ def _timings(fn: Callable, inputs: list) -> dict[str, float]:
             "pipelined_ms": (time.perf_counter() - start) / ITERS * 1e3}
 
 
-def _largest_difference(got: Any, want: Any) -> float:
-    import jax
-    import numpy as np
-
-    worst = 0.0
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-        worst = max(worst, float(np.max(np.abs(g - w)) / max(float(np.max(np.abs(w))), 1e-30)))
-    return worst
-
-
 def measure(suite: Path, model: str, out_dir: Path, budget_s: float) -> int:
     import jax
+
+    from tpu_timings import largest_difference
 
     theirs = json.loads((suite / "pallas_eval" / "results" / f"eval_{model}.json").read_text())["results"]
     chosen = [r for r in theirs if r.get("correct") and r.get("generated_ms")]
@@ -111,7 +102,7 @@ def measure(suite: Path, model: str, out_dir: Path, budget_s: float) -> int:
                 t = _timings(fn, inputs)
                 row.update({f"{side}_ms": t["ms"], f"{side}_median_ms": t["median_ms"],
                             f"{side}_pipelined_ms": t["pipelined_ms"]})
-            row["largest_difference"] = _largest_difference(kernel(*inputs), reference(*inputs))
+            row["largest_difference"] = largest_difference(kernel(*inputs), reference(*inputs))
             row["status"], row["correct"] = "success", True  # their verdict; ours is largest_difference
         except Exception as exc:  # one kernel's failure is a row, not the end of the run
             row["status"], row["error"] = "error", f"{type(exc).__name__}: {str(exc)[:400]}"

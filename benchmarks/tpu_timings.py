@@ -59,7 +59,7 @@ def _kernel_of(task: Any) -> Any:
     return next(getattr(module, name) for name in task.entry_points if callable(getattr(module, name, None)))
 
 
-def _largest_difference(got: Any, want: Any) -> float:
+def largest_difference(got: Any, want: Any) -> float:
     """max |got - want| / max |want| over the outputs, computed in f32."""
     import jax
     import numpy as np
@@ -107,7 +107,7 @@ def measure(out: Path, names: list[str] | None, budget_s: float) -> int:
                 inputs = [jax.device_put(a) for a in task.make_inputs(case, np.random.default_rng(0))]
                 row["kernel_s"] = time_callable(kernel, inputs, WARMUP, ITERS)
                 row["reference_s"] = time_callable(reference, inputs, WARMUP, ITERS)
-                row["largest_difference"] = _largest_difference(kernel(*inputs), reference(*inputs))
+                row["largest_difference"] = largest_difference(kernel(*inputs), reference(*inputs))
             except Exception as exc:  # one case's failure is a row, not the end of the run
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
             f.write(json.dumps(row) + "\n")
