@@ -76,7 +76,10 @@ def measure(suite: Path, model: str, out_dir: Path, budget_s: float) -> int:
 
     from tpu_timings import largest_difference
 
-    theirs = json.loads((suite / "pallas_eval" / "results" / f"eval_{model}.json").read_text())["results"]
+    results = suite / "pallas_eval" / "results" / f"eval_{model}.json"
+    if not results.is_file():
+        raise SystemExit(f"no results of {model!r} in {suite}: {results} is missing (a JAXBench checkout?)")
+    theirs = json.loads(results.read_text())["results"]
     chosen = [r for r in theirs if r.get("correct") and r.get("generated_ms")]
     out = out_dir / f"eval_{model}.json"
     device = jax.devices()[0]
