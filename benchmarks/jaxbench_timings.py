@@ -38,21 +38,17 @@ def _module(path: Path, name: str) -> Any:
     return module
 
 
-def _programs(suite: Path, model: str, record: dict[str, Any]) -> tuple[Callable, Callable, list]:
-    """(reference, kernel, inputs) as their harness built them for one record."""
+def _programs(suite: Path, model: str, group: str, name: str) -> tuple[Callable, Callable, list]:
+    """(reference, kernel, inputs) as their harness built them for one generated file."""
+    from suites.attempts import GENERATED, LEVEL_PREFIX, PRIORITY_GROUP
     from suites.jaxbench_harness import harness_timed_candidate, harness_timed_reference
 
-    name = record["name"]
-    if record.get("suite") == "priority_kernels":
-        original = _module(suite / "priority_kernels" / name / "baseline.py", f"original_{name}")
-        generated = _module(suite / "pallas_eval" / "generated" / model / "priority_kernels" / f"{name}.py",
-                            f"generated_{model}_{name}")
+    generated = _module(suite / GENERATED / model / group / f"{name}.py", f"generated_{model}_{group}_{name}")
+    if group == PRIORITY_GROUP:
+        original = _module(suite / PRIORITY_GROUP / name / "baseline.py", f"original_{group}_{name}")
         return original.workload, generated.workload, list(original.create_inputs())
-    level = record["level"]
-    path = suite / "jaxkernelbench" / level / f"{name}.py"
-    original = _module(path, f"original_{level}_{name}")
-    generated = _module(suite / "pallas_eval" / "generated" / model / f"jaxkernelbench_{level}" / f"{name}.py",
-                        f"generated_{model}_{level}_{name}")
+    path = suite / "jaxkernelbench" / group.removeprefix(LEVEL_PREFIX) / f"{name}.py"
+    original = _module(path, f"original_{group}_{name}")
     return (harness_timed_reference(original), harness_timed_candidate(generated, path.read_text()),
             list(original.get_inputs()))
 
@@ -74,24 +70,24 @@ def _timings(fn: Callable, inputs: list) -> dict[str, float]:
 def measure(suite: Path, model: str, out_dir: Path, budget_s: float) -> int:
     import jax
 
+    from suites.attempts import RESULTS, read_results, record_key
     from tpu_timings import largest_difference
 
-    results = suite / "pallas_eval" / "results" / f"eval_{model}.json"
-    if not results.is_file():
-        raise SystemExit(f"no results of {model!r} in {suite}: {results} is missing (a JAXBench checkout?)")
-    theirs = json.loads(results.read_text())["results"]
-    chosen = [r for r in theirs if r.get("correct") and r.get("generated_ms")]
+    theirs = read_results(suite, model)
+    if not theirs:
+        raise SystemExit(f"no results of {model!r} in {suite}: {suite / RESULTS} has no eval_{model}.json "
+                         "(a JAXBench checkout?)")
+    chosen = {key: r for key, r in theirs.items() if r.get("correct") and r.get("generated_ms")}
     out = out_dir / f"eval_{model}.json"
     device = jax.devices()[0]
     done = json.loads(out.read_text()) if out.is_file() else {
         "metadata": {"device_kind": device.device_kind, "jax": jax.__version__, "warmup": WARMUP, "iters": ITERS,
                      "method": "mean wall time per call, each to block_until_ready (their harness's)"},
         "results": []}
-    seen = {(r.get("suite"), r.get("level"), r["name"]) for r in done["results"]}
+    seen = {record_key(r) for r in done["results"]}
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    for record in chosen:
-        key = (record.get("suite"), record.get("level"), record["name"])
+    for key, record in chosen.items():
         if key in seen:
             continue
         if time.perf_counter() - start > budget_s:
@@ -99,7 +95,7 @@ def measure(suite: Path, model: str, out_dir: Path, budget_s: float) -> int:
             break
         row: dict[str, Any] = {k: record.get(k) for k in ("name", "suite", "level", "model")}
         try:
-            reference, kernel, inputs = _programs(suite, model, record)
+            reference, kernel, inputs = _programs(suite, model, *key)
             reference, kernel = jax.jit(reference), jax.jit(kernel)
             for side, fn in (("original", reference), ("generated", kernel)):
                 t = _timings(fn, inputs)
@@ -114,7 +110,7 @@ def measure(suite: Path, model: str, out_dir: Path, budget_s: float) -> int:
         figures = (f"XLA {row['original_ms']:.3f} ms, kernel {row['generated_ms']:.3f} ms "
                    f"(pipelined {row['original_pipelined_ms']:.3f} / {row['generated_pipelined_ms']:.3f}), "
                    f"diff {row['largest_difference']:.1e}" if row["status"] == "success" else row["error"][:160])
-        print(f"{model} {record.get('level') or 'priority'}/{record['name']}: {figures} "
+        print(f"{model} {key[0]}/{key[1]}: {figures} "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
         jax.clear_caches()
     print(f"{len(done['results'])} of {len(chosen)} of {model}'s kernels timed on {device.device_kind}", flush=True)

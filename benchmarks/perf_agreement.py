@@ -79,11 +79,10 @@ def measured_on(folder: Path) -> TpuGeneration:
 
 def timed_tasks(results: Path, model: str) -> set[str]:
     """Our task names of the kernels a results file has times for."""
-    from suites.attempts import LEVEL_PREFIX, PRIORITY_GROUP, task_name
+    from suites.attempts import records_by_key, task_name
 
-    records = json.loads((results / f"eval_{model}.json").read_text())["results"]
-    return {task_name(PRIORITY_GROUP if r.get("suite") == PRIORITY_GROUP else LEVEL_PREFIX + str(r.get("level")),
-                      r["name"]) for r in records if r.get("generated_ms") and r.get("original_ms")}
+    return {task_name(group, name) for (group, name), r in records_by_key(results / f"eval_{model}.json").items()
+            if r.get("generated_ms") and r.get("original_ms")}
 
 
 def case_inputs(row: dict[str, Any]) -> CaseInputs | None:
@@ -240,22 +239,17 @@ def attempt_samples(suite: Path, model: str, rows: list[dict[str, Any]], harness
     """A model's kernels that JAXBench's harness found correct and timed, with their references
     as it timed them: their times, or those in `results` (the same files' shape) taken again;
     `timing` "pipelined_ms" reads that run's back-to-back figure instead of the mean call."""
-    from suites.attempts import discover
+    from suites.attempts import RESULTS, discover, records_by_key
 
     timed = {a.key: a for a in discover(suite, [model]) if a.theirs is not None and a.theirs.verdict == "correct"}
-    records = {}
-    for r in json.loads(((results or suite / "pallas_eval" / "results") / f"eval_{model}.json").read_text()
-                        )["results"]:
-        records[(r.get("suite"), r.get("level"), r["name"])] = r
+    records = records_by_key((results or suite / RESULTS) / f"eval_{model}.json")
     samples = []
     for row in rows:
         attempt = timed.get(row["candidate"])
         inputs = case_inputs(row)
         if attempt is None or inputs is None:
             continue
-        level = attempt.group.removeprefix("jaxkernelbench_") if attempt.group.startswith("jaxkernelbench") else None
-        suite_name = "jaxkernelbench" if level else "priority_kernels"
-        record = records.get((suite_name, level, attempt.path.stem.removesuffix(f"_{model}")))
+        record = records.get((attempt.group, attempt.path.stem.removesuffix(f"_{model}")))
         if not record or not record.get(f"generated_{timing}") or not record.get(f"original_{timing}"):
             continue
         samples.append(Sample(row["candidate"], model, harness.inputs(row, inputs, attempt.text()),

@@ -124,15 +124,21 @@ def task_name(group: str, stem: str) -> str | None:
 
 def read_results(root: Path, model: str) -> dict[tuple[str, str], dict[str, Any]]:
     """Their records for one model by (group, name); empty when they have no results file."""
-    path = root / RESULTS / f"eval_{model}.json"
+    return records_by_key(root / RESULTS / f"eval_{model}.json")
+
+
+def record_key(record: dict[str, Any]) -> tuple[str, str]:
+    """(group, name) of a record of a results file: the folder and stem of its generated file."""
+    group = PRIORITY_GROUP if record.get("suite") == PRIORITY_GROUP else f"{LEVEL_PREFIX}{record.get('level')}"
+    return group, record.get("name", "")
+
+
+def records_by_key(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """A results file's records (theirs, or benchmarks/jaxbench_timings.py's in the same shape) by
+    (group, name); empty when there is no such file."""
     if not path.is_file():
         return {}
-    records = json.loads(path.read_text()).get("results", [])
-    by_key = {}
-    for r in records:
-        group = PRIORITY_GROUP if r.get("suite") == PRIORITY_GROUP else f"{LEVEL_PREFIX}{r.get('level')}"
-        by_key[(group, r.get("name", ""))] = r
-    return by_key
+    return {record_key(r): r for r in json.loads(path.read_text()).get("results", [])}
 
 
 def their_error(record: dict[str, Any]) -> str:
