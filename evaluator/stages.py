@@ -27,7 +27,8 @@ from evaluator.execution.protocol import CaseSpec, Compile, Failed, Load, Lower,
 from evaluator.execution.sandbox import Limits, Worker, WorkerError
 from evaluator.performance import perf_model, prediction
 from evaluator.performance.calibration import Calibration
-from evaluator.performance.hardware import MiB, TpuGeneration, buffers, vmem_budget, vmem_lower_bound
+from evaluator.performance.hardware import (MiB, TpuGeneration, buffers, pipelined_blocks, vmem_budget,
+                                            vmem_lower_bound)
 from evaluator.performance.xla_cost import XlaProgramCost
 from evaluator.record import BlockFigure, CaseResult, Status, Verdict, VmemFinding
 from evaluator.truth import stress
@@ -585,7 +586,7 @@ def _vmem_check(ctx: GradingContext, cases: list[Case]) -> Failure | None:
                 continue
             finding = VmemFinding(call.name, case.name, need, limit, source, call.vmem_limit_bytes or None,
                                   gen.vmem_bytes, [BlockFigure(b.role, list(b.block_shape), b.dtype, buffers(call, b))
-                                                   for b in call.blocks if b.memory_space == "vmem"])
+                                                   for b in pipelined_blocks(call)])
             blocks = ", ".join(f"{b.role} {tuple(b.shape)} {b.dtype} x{b.buffers}" for b in finding.blocks)
             what = (f"asks for vmem_limit_bytes={call.vmem_limit_bytes}, more than the "
                     f"{gen.vmem_bytes // MiB} MiB of VMEM on {gen.name}"

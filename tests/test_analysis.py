@@ -8,7 +8,7 @@ from evaluator.analysis.features import check_feature
 from evaluator.analysis.jaxpr_analysis import summarize
 from evaluator.analysis.jaxpr_cost import total_flops
 from evaluator.candidate.knobs import find_knobs, rewrite
-from evaluator.performance.hardware import GENERATIONS, MiB, tiled_bytes, vmem_budget, vmem_lower_bound
+from evaluator.performance.hardware import GENERATIONS, MiB, buffers, tiled_bytes, vmem_budget, vmem_lower_bound
 from tasks import get_task
 from tests.conftest import HONEST, read_candidate
 
@@ -102,3 +102,21 @@ def test_single_step_grids_are_single_buffered():
                      jax.ShapeDtypeStruct((1280, 1024), jnp.float32)).pallas_calls
     assert vmem_lower_bound(call) == (1024 * 1280 + 1280 * 1024 + 1024 * 1024) * 4
     assert vmem_lower_bound(call) < GENERATIONS["v5e"].default_scoped_vmem_bytes
+
+
+def test_lane_narrow_blocks_are_not_counted_as_padded_pipeline_buffers():
+    """Padded to 128 lanes, this router's (8192, 8) and (8192, 2) blocks would count 24 MiB,
+    over v5e's 16 MiB; libtpu compiles it (tests/test_tpu_compile.py), as it compiles
+    JAXBench's level 2 18 with an (8192, 1) block. Wide blocks still count in full."""
+    from tasks import get_task
+
+    task = get_task("moe_router_topk")
+    (case,) = [c for c in task.select("train", "bench") if c.dtype == "float32"]
+    (call,) = _trace(read_candidate("narrow_blocks_router"),
+                     *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in task.arg_specs(case)]).pallas_calls
+    padded = sum(buffers(call, b) * tiled_bytes(b.block_shape, b.dtype) for b in call.blocks)
+    limit = GENERATIONS["v5e"].default_scoped_vmem_bytes
+    assert padded == 24 * MiB > limit and vmem_lower_bound(call) == 0
+    (wide,) = _trace(read_candidate("compile_error_vmem_overflow"), jax.ShapeDtypeStruct((4096, 4096), jnp.float32),
+                     jax.ShapeDtypeStruct((4096, 4096), jnp.float32)).pallas_calls
+    assert vmem_lower_bound(wide) > limit

@@ -48,6 +48,15 @@ def test_declared_vmem_over_the_chip_is_rejected_fast(compile_evaluator):
     assert verdict.status == "compile_error" and time.monotonic() - start < 60
 
 
+def test_lane_narrow_blocks_compile_beyond_their_padded_count(compile_evaluator):
+    """The padded count of this router's blocks is 24 MiB, over v5e's 16 MiB scoped limit
+    (tests/test_analysis.py): libtpu compiles it at both train bench cases, so the VMEM bound
+    must not count such blocks (evaluator/performance/hardware.py `lane_narrow`)."""
+    verdict = compile_evaluator.grade("moe_router_topk", read_candidate("narrow_blocks_router"))
+    assert verdict.status == "correct", verdict.message
+    assert {"train_bench_t32768_e8_f32", "train_bench_t32768_e8_bf16"} <= set(verdict.details["compiled_memory"])
+
+
 def test_correct_kernel_records_compiler_memory_stats(compile_evaluator):
     from tasks import get_task
 
