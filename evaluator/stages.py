@@ -121,6 +121,12 @@ class GradingContext:
         return self.task.select(self.split, "check") + own + self.task.select(self.split, "bench")
 
     @property
+    def lowered_cases(self) -> list[Case]:
+        """Every size the run stage runs or the bench times: a derived coverage case too, since
+        a TPU compiles it before it runs it (a kernel can fail to compile there alone)."""
+        return self.traced_cases + self.coverage_cases
+
+    @property
     def run_cases(self) -> list[Case]:
         return self.task.select(self.split, "check") + [c for c, _ in self.stress_cases] + self.coverage_cases
 
@@ -530,7 +536,7 @@ def features_stage(ctx: GradingContext) -> Failure | None:
 
 # --- 6. lowering (Pallas -> Mosaic) and compilation for TPU ---------------------------------
 def lowering_stage(ctx: GradingContext) -> Failure | None:
-    cases = ctx.traced_cases
+    cases = ctx.lowered_cases
     reply, _ = ctx.worker.call(Lower([case_spec(ctx.task, c) for c in cases],
                                      compile=ctx.backend.device_compile),
                                what="lowering kernel() for TPU")
@@ -929,7 +935,7 @@ STAGES: tuple[Stage, ...] = (
     _stage("index_maps", index_maps_stage, reads="summaries"),
     _stage("coverage", coverage_stage, reads="summaries", writes="summaries coverage_cases unchecked"),
     _stage("features", features_stage, reads="summaries"),
-    _stage("lowering", lowering_stage, reads="summaries"),
+    _stage("lowering", lowering_stage, reads="summaries coverage_cases"),
     _stage("estimate", estimate_stage, reads="summaries check_work_share"),
     _stage("run", run_stage, reads="summaries replay_limits coverage_cases"),
     _stage("timing", timing_stage, reads="coverage_cases"),
@@ -964,7 +970,7 @@ check_order(STAGES)
 def correct_message(ctx: GradingContext) -> str:
     worst = max((c.rel_l2_err or 0.0 for c in ctx.verdict.cases), default=0.0)
     text = (f"correct: all {len(ctx.verdict.cases)} cases of split {ctx.split!r} passed on {ctx.backend.name} "
-            f"(worst relative L2 error {worst:.2g}); lowered for TPU at {len(ctx.traced_cases)} sizes.")
+            f"(worst relative L2 error {worst:.2g}); lowered for TPU at {len(ctx.lowered_cases)} sizes.")
     if ctx.verdict.speedup is not None:
         text += f" Speedup over XLA: {ctx.verdict.speedup:.2f}x."
     uncovered = ctx.verdict.details.get("coverage", {}).get("uncovered") if ctx.task.external is not None else None

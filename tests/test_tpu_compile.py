@@ -48,12 +48,15 @@ def test_declared_vmem_over_the_chip_is_rejected_fast(compile_evaluator):
     assert verdict.status == "compile_error" and time.monotonic() - start < 60
 
 
-def test_lane_narrow_blocks_compile_beyond_their_padded_count(compile_evaluator):
-    """The padded count of this router's blocks is 24 MiB, over v5e's 16 MiB scoped limit
-    (tests/test_analysis.py): libtpu compiles it at both train bench cases, so the VMEM bound
-    must not count such blocks (evaluator/performance/hardware.py `lane_narrow`)."""
-    verdict = compile_evaluator.grade("moe_router_topk", read_candidate("narrow_blocks_router"))
-    assert verdict.status == "correct", verdict.message
+def test_lane_narrow_blocks_compile_beyond_their_padded_count_and_cover_cases_compile_too(compile_evaluator):
+    """The router with 8192-token blocks: padded to 128 lanes they count 24 MiB at the train
+    bench, over v5e's 16 MiB, and libtpu compiles both bench cases (so the VMEM bound must not
+    count them: `lane_narrow`); at the derived coverage case (20480 tokens, a partial last block)
+    it rejects the kernel, as a v5e did when it ran that case (runtime_error there)."""
+    source = read_candidate("narrow_blocks_router").replace("ROWS = 7168", "ROWS = 8192")
+    verdict = compile_evaluator.grade("moe_router_topk", source)
+    assert verdict.status == "compile_error", verdict.message
+    assert "the TPU compiler for v5e rejected case train_cover_t20480" in verdict.message
     assert {"train_bench_t32768_e8_f32", "train_bench_t32768_e8_bf16"} <= set(verdict.details["compiled_memory"])
 
 
