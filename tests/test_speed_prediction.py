@@ -446,6 +446,19 @@ def workload(a, b):
 """
 
 
+def test_dma_bandwidth_is_measured_on_a_tpu_only(tmp_path):
+    """benchmarks/dma_bandwidth.py's figures are a chip's: on this CPU it says so in one line
+    and writes nothing."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from dma_bandwidth import main
+
+    with pytest.raises(SystemExit, match="needs a TPU this project knows .* 'cpu'"):
+        main(["--out", str(tmp_path / "dma.jsonl")])
+    assert not (tmp_path / "dma.jsonl").exists()
+
+
 def test_kernels_timed_again_on_a_chip_are_read_in_their_results_shape(tmp_path):
     """benchmarks/jaxbench_timings.py times each kernel their harness found correct, and the
     reference it faced, as their harness built them, into eval_<model>.json in their results
