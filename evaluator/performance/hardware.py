@@ -88,12 +88,12 @@ def pipelined_blocks(call: PallasCallInfo) -> list[BlockInfo]:
 def lane_narrow(block: BlockInfo) -> bool:
     """An operand under 128 lanes wide (its blocks are then as wide as it is).
 
-    XLA lays such an array out transposed in HBM and copies it whole into VMEM around the
-    kernel, outside the kernel's scoped limit, rather than the kernel pipelining padded blocks
-    of it: libtpu compiles for v5e a copy kernel whose (16384, 64) f32 blocks count 32 MiB
-    padded, and JAXBench's level 2 18 (an (8192, 1) weights block) ran on a v5e. Where the
-    whole array does not fit, libtpu refuses the kernel by a rule we do not model: they count
-    nothing, and the bound stays a lower bound.
+    XLA often lays such an array out transposed in HBM and copies it whole into VMEM around the
+    kernel rather than the kernel pipelining padded blocks of it: libtpu compiles for v5e a copy
+    kernel whose (16384, 64) f32 blocks count 32 MiB padded, and JAXBench's level 2 18 (an
+    (8192, 1) weights block) ran on a v5e. When it does, and whether the whole array then counts
+    against the kernel's scoped limit (a (32768, 1) f32 output did, on a v5e), is XLA's choice,
+    which we do not model: such blocks count nothing, and the bound stays a lower bound.
     """
     return bool(block.array_shape) and block.array_shape[-1] < 128
 
