@@ -5,8 +5,8 @@ the speed model's DMA efficiency (one fitted `hbm_efficiency` today, whatever th
 
 A copy kernel (out = x * 2) over a 256 MiB float32 array, once per block shape from one
 (8, 128) tile to 4 MiB blocks, wide and tall, and XLA's own x * 2 beside them, each timed as
-the grader times (evaluator/execution/handlers.py `time_callable`: 3 warm-up calls, then 20,
-each to block_until_ready; the median is kept, and a back-to-back figure for 20 calls waited on
+jaxbench_timings.py times (`call_timings`: the grader's `time_callable`, 3 warm-up calls, then
+20, each to block_until_ready, of which the median is kept, and 20 calls back to back waited on
 once). Prints, and writes as JSON lines, the block's bytes, the grid steps, the time and the
 HBM bandwidth moved (read + write) as a share of the generation's peak.
 """
@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROWS, COLS = 8192, 8192  # float32: 256 MiB
 BLOCKS = [(8, 128), (8, 512), (8, 8192), (32, 512), (64, 1024), (128, 128), (512, 128), (2048, 128),
           (128, 1024), (256, 1024), (256, 2048), (512, 1024), (512, 2048), (1024, 1024)]
-WARMUP, ITERS = 3, 20
 
 
 def copy_kernel(block: tuple[int, int]):
@@ -43,20 +41,6 @@ def copy_kernel(block: tuple[int, int]):
                                              vmem_limit_bytes=64 << 20))(x))
 
 
-def timings(fn, x) -> tuple[float, float]:
-    """(median of single calls, mean of calls issued back to back) in seconds."""
-    import jax
-
-    from evaluator.execution.handlers import time_callable
-
-    calls = time_callable(fn, [x], WARMUP, ITERS)
-    start = time.perf_counter()
-    for _ in range(ITERS):
-        out = fn(x)
-    jax.block_until_ready(out)
-    return statistics.median(calls), (time.perf_counter() - start) / ITERS
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
@@ -65,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     import jax.numpy as jnp
 
     from evaluator.performance.hardware import GENERATIONS
+    from jaxbench_timings import call_timings
+    from tpu_timings import generation_of
 
     kind = jax.devices()[0].device_kind
-    gen = next((g for g in GENERATIONS.values() if g.device_kind == kind), None)
-    if gen is None:
-        raise SystemExit(f"needs a TPU this project knows (this process holds {kind!r})")
+    gen = GENERATIONS[generation_of(kind)]
     x = jnp.ones((ROWS, COLS), jnp.float32)
     moved = 2 * x.nbytes
     programs = [("xla", None, jax.jit(lambda x: x * 2))] + [
@@ -79,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{gen.hbm_bytes_per_s / 1e9:.0f} GB/s")
     print(f"{'program':<20}{'block KiB':>10}{'steps':>8}{'median ms':>11}{'b2b ms':>9}{'share':>7}")
     for name, block, fn in programs:
-        median_s, back_to_back_s = timings(fn, x)
+        t = call_timings(fn, [x])
         row = {"device_kind": kind, "program": name, "block": block,
                "block_bytes": block[0] * block[1] * 4 if block else None,
                "grid_steps": ROWS // block[0] * (COLS // block[1]) if block else None,
-               "median_ms": median_s * 1e3, "pipelined_ms": back_to_back_s * 1e3,
-               "share_of_peak": moved / back_to_back_s / gen.hbm_bytes_per_s}
+               "median_ms": t["median_ms"], "pipelined_ms": t["pipelined_ms"],
+               "share_of_peak": moved / (t["pipelined_ms"] / 1e3) / gen.hbm_bytes_per_s}
         rows.append(row)
         print(f"{name:<20}{(row['block_bytes'] or 0) / 1024:>10.0f}{row['grid_steps'] or 1:>8}"
               f"{row['median_ms']:>11.3f}{row['pipelined_ms']:>9.3f}{row['share_of_peak']:>7.2f}", flush=True)

@@ -53,7 +53,7 @@ def _programs(suite: Path, model: str, group: str, name: str) -> tuple[Callable,
             list(original.get_inputs()))
 
 
-def _timings(fn: Callable, inputs: list) -> dict[str, float]:
+def call_timings(fn: Callable, inputs: list) -> dict[str, float]:
     import jax
 
     from evaluator.execution.handlers import time_callable
@@ -98,7 +98,7 @@ def measure(suite: Path, model: str, out_dir: Path, budget_s: float) -> int:
             reference, kernel, inputs = _programs(suite, model, *key)
             reference, kernel = jax.jit(reference), jax.jit(kernel)
             for side, fn in (("original", reference), ("generated", kernel)):
-                t = _timings(fn, inputs)
+                t = call_timings(fn, inputs)
                 row.update({f"{side}_ms": t["ms"], f"{side}_median_ms": t["median_ms"],
                             f"{side}_pipelined_ms": t["pipelined_ms"]})
             row["largest_difference"] = largest_difference(kernel(*inputs), reference(*inputs))

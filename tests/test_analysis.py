@@ -108,8 +108,6 @@ def test_lane_narrow_blocks_are_not_counted_as_padded_pipeline_buffers():
     """Padded to 128 lanes, this router's (7168, 8) and (7168, 2) blocks would count 21 MiB,
     over v5e's 16 MiB; libtpu compiles it (tests/test_tpu_compile.py), as it compiles
     JAXBench's level 2 18 with an (8192, 1) block. Wide blocks still count in full."""
-    from tasks import get_task
-
     task = get_task("moe_router_topk")
     (case,) = [c for c in task.select("train", "bench") if c.dtype == "float32"]
     (call,) = _trace(read_candidate("narrow_blocks_router"),
