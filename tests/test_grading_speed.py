@@ -56,8 +56,9 @@ def test_the_limit_grows_with_the_work_and_stops_at_the_ceiling():
 
 def test_the_race_detector_is_granted_time_quadratic_in_a_calls_accesses():
     """moe_unpermute's solution at its f32 coverage size (320 tokens, 4 of 60 experts) ran 90 s
-    here with the race detector on (4.5 s without): a limit linear in its accesses granted 190 s,
-    which a loaded CI machine ran past."""
+    here under jax's own race check (4.5 s without the detector): a limit linear in its accesses
+    granted 190 s, which a loaded CI machine ran past. The worker's check (jax_hooks.AccessLog)
+    runs it in 6 s; the quadratic term stays for kernels whose copies race the core's clock."""
     namespace: dict = {}
     exec(compile(get_task("moe_unpermute").solution_source(), "solution", "exec"), namespace)
     f32, i32 = jax.numpy.float32, jax.numpy.int32
@@ -69,7 +70,7 @@ def test_the_race_detector_is_granted_time_quadratic_in_a_calls_accesses():
     accesses = call.grid_steps * call.accesses_per_step
     assert step_limits.race_detector_s(summary) == pytest.approx(step_limits.RACE_PAIR_S * accesses ** 2)
     limit = step_limits.run_limit(summary, 1, base_s=120, ceiling_s=900)
-    assert limit.seconds >= 120 + step_limits.SAFETY * 90 and "race detector on" in limit.describe()
+    assert limit.seconds >= 120 + step_limits.SAFETY * 6 and "race detector on" in limit.describe()
     scan, _ = _summary("correct_step_scan", "linear_recurrence")  # no DMA: no race detector
     assert step_limits.race_detector_s(scan) == 0.0
 

@@ -221,6 +221,51 @@ def test_a_missing_race_hook_stops_the_worker_loudly(monkeypatch):
         jax_hooks.install_race_recorder()
 
 
+def test_the_race_check_over_access_logs_finds_what_jaxs_own_check_finds(monkeypatch, capsys):
+    """The recorder's whole-log race check (jax_hooks.AccessLog) against jax's RaceDetectionState
+    on random accesses (a core's clock and DMAs' clocks behind it, buffers, ranges of slices and
+    indices, reads and writes): the same
+    access is the first found racing, or none is in both."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    from jax._src.pallas.mosaic.interpret.race_detection_state import RaceDetectionState as JaxRaceState
+
+    from evaluator.execution import jax_hooks
+
+    monkeypatch.setattr(ipc, "RaceDetectionState", JaxRaceState)
+    jax_hooks.install_race_recorder()
+    rng = np.random.default_rng(0)
+    racing = 0
+    for _ in range(300):
+        theirs, ours = JaxRaceState(num_cores=1), ipc.RaceDetectionState(num_cores=1)
+        first: dict[str, int] = {}
+        core = np.zeros(3, dtype=np.int32)  # the core's clock; now and then a DMA's, then a wait
+        dma, history = core.copy(), []
+        for step in range(30):
+            core[0] += 1
+            history.append(core.copy())
+            clock, draw = core.copy(), rng.random()
+            if draw < 0.2:
+                dma[1 + rng.integers(0, 2)] += 1
+                clock = dma.copy()
+            elif draw < 0.3:  # a clock from the past: before accesses already logged
+                clock = history[rng.integers(0, len(history))].copy()
+            elif draw < 0.5:
+                core[:] = np.maximum(core, dma)  # the core waited for the DMAs so far
+            start = int(rng.integers(0, 16))
+            rnge = (slice(start, start + int(rng.integers(1, 4)), 1), int(rng.integers(0, 2)))
+            key = ("vmem", int(rng.integers(0, 2)), 0, 0)
+            method = "check_read" if rng.random() < 0.6 else "check_write"
+            for name, state in (("theirs", theirs), ("ours", ours)):
+                getattr(state, method)(0, 0, clock, key, rnge)
+                if state.races_found:
+                    first.setdefault(name, step)
+        assert first.get("ours") == first.get("theirs")
+        racing += "theirs" in first
+    assert 30 < racing < 270, racing  # both outcomes are exercised
+    assert jax_hooks.take_races() > 0  # and ours recorded theirs
+    capsys.readouterr()  # jax's detector prints what it finds
+
+
 def test_a_changed_semaphore_stops_the_worker_loudly(monkeypatch):
     from jax._src.pallas.mosaic.interpret import shared_memory
 

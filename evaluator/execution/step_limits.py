@@ -10,13 +10,17 @@ end, which counts once (its trip count is unknown) and keeps the base limit.
 
 Measured on the development machine, with the race detector on: about 3.5 ms per
 grid step and 1.7 ms per access (tests/candidates/correct_step_scan.py: 10,264 accesses in
-17.8 s). The race detector adds a cost that grows with the square of a call's accesses: each
-access is checked against what the call did before it, over all its grid steps (measured with
-jax 0.10.2: a scalar loop's 2,000 / 4,000 / 8,000 accesses took 9.3 / 36 / 144 s with it, 0.5 s
-for 2,000 without it; 8,000 over four grid steps cost what they cost in one). moe_unpermute's
-solution, 13,775 accesses in three steps, ran 90 s with it and 4.5 s without, against a linear
-23 s. The limit grants SAFETY times that for every seed on top of the base step limit, so a
-loaded machine does not turn a slow kernel into a `timeout`.
+17.8 s). The race detector adds a cost that can grow with the square of a call's accesses: each
+access is checked against what the call did before it, over all its grid steps. jax's own check
+does that one Python call per earlier access (with jax 0.10.2: a scalar loop's 2,000 / 4,000 /
+8,000 accesses took 9.3 / 36 / 144 s with it, 0.5 s for 2,000 without it; moe_unpermute's
+solution, 13,775 accesses in three steps, 90-115 s against 4.5 s without). The worker's check
+(jax_hooks.AccessLog) holds an access against all earlier ones in one numpy comparison, and
+against none while the buffer's accesses so far are all before it: the scalar loop's 2,000 /
+8,000 / 32,000 accesses took 0.9 / 3.7 / 10.4 s, moe_unpermute's 6 s; with every access held
+against the whole log, 1.0 / 5.1 / 47.6 s (RACE_PAIR_S, the quadratic term where copies keep
+the fast path from applying). The limit grants SAFETY times that for every seed on top of the
+base step limit, so a loaded machine does not turn a slow kernel into a `timeout`.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from evaluator.analysis.jaxpr_analysis import TraceSummary
 
 GRID_STEP_S = 3.5e-3  # interpret mode's cost of one grid step, before any access
 ACCESS_S = 1.7e-3     # one memory access of the kernel body with the race detector on
-RACE_PAIR_S = 2.3e-6  # with the race detector on, times the square of one call's accesses
+RACE_PAIR_S = 4e-8    # with the race detector on, times the square of one call's accesses
 SAFETY = 3.0          # headroom for slower or busier machines
 
 
