@@ -55,6 +55,20 @@ def test_mutants_parse_and_change_only_their_site(suite_mutants):
             assert 0 < len(changed) <= 2 * 12, (m.id, changed)
 
 
+def test_block_size_operators_leave_an_operands_whole_extent_alone(suite_mutants):
+    """depthwise_conv2d's weights block is (k, k, bc) with k = w.shape[0]: k is the filter, not a
+    tile, and k = 2048 made a trace of 2048 x 2048 unrolled taps that ran into the step limit.
+    Its channel block stays a site, and so do tile sizes computed from a shape (matmul's)."""
+    def edits(task, op):
+        return [m.source for m in suite_mutants[task] if m.operator == op]
+
+    assert "    k = w.shape[0]" in get_task("depthwise_conv2d").solution_source()
+    assert edits("depthwise_conv2d", "literal_block_size")  # bc
+    for op in ("oversized_block", "literal_block_size"):
+        assert all("    k = w.shape[0]" in source for source in edits("depthwise_conv2d", op)), op
+    assert edits("matmul", "oversized_block")  # bm = _block(m, BLOCK_M, 8)
+
+
 def test_unknown_operator_names_the_known_ones():
     with pytest.raises(KeyError, match="misaligned_block"):
         operator("no_such_bug")

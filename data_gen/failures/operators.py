@@ -599,10 +599,18 @@ def _block_shape_names(m: SourceModule) -> Iterator[tuple[ast.Name, int]]:
                     yield shape.elts[place], place
 
 
+def _is_extent(value: ast.expr) -> bool:
+    """`x.shape[i]`: one of an operand's dimensions, whole."""
+    return (isinstance(value, ast.Subscript) and isinstance(value.value, ast.Attribute)
+            and value.value.attr == "shape")
+
+
 def _block_bindings(m: SourceModule) -> list[tuple[ast.expr, str, int]]:
     """Where each block-size name used by a BlockSpec gets its value, once per binding: the
     right side of a local assignment, or the keyword argument a call passes for a parameter.
-    Returns (value node, name, place in the block shape)."""
+    A name bound to an operand's extent (`k = w.shape[0]`) is the whole dimension, not a tile
+    size: written as 2048, depthwise_conv2d's filter became 2048 x 2048 taps unrolled, a trace
+    that ran into the step limit. Returns (value node, name, place in the block shape)."""
     out, seen = [], set()
     for name, place in _block_shape_names(m):
         func = m.function_of(name)
@@ -615,7 +623,7 @@ def _block_bindings(m: SourceModule) -> list[tuple[ast.expr, str, int]]:
             values = [k.value for c in m.nodes(ast.Call) if dotted_name(c.func) == func.name
                       for k in c.keywords if k.arg == name.id]
         for value in values:
-            if not isinstance(value, ast.Constant) and id(value) not in seen:
+            if not isinstance(value, ast.Constant) and not _is_extent(value) and id(value) not in seen:
                 seen.add(id(value))
                 out.append((value, name.id, place))
     return out
