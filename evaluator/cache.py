@@ -87,8 +87,10 @@ class VerdictCache:
         return verdict
 
     def put(self, key: str, verdict: Verdict) -> bool:
-        """Store a verdict; False when it is one the cache does not keep."""
-        if verdict.status == "pending" or verdict.error_type in UNCACHEABLE_ERRORS:
+        """Store a verdict; False when it is one the cache does not keep. A verdict graded
+        through a named stage (status pending: `estimate`'s) is kept like any other: the stage
+        is part of its key."""
+        if verdict.error_type in UNCACHEABLE_ERRORS:
             return False
         data = json.dumps({**verdict.to_dict(), "cached": False})
         with self._connection() as db:

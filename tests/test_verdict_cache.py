@@ -33,6 +33,18 @@ def test_the_key_follows_code_seed_split_and_settings():
     assert cache_key(get_task("log_softmax"), SOLUTION, base) != key
 
 
+def test_estimate_reads_what_it_estimated_before(tmp_path, cli):
+    """`estimate` grades through the static stages (status pending): a rerun on the same cache
+    reads those verdicts back, as its --cache help says, instead of tracing every kernel again."""
+    args = ("estimate", "--task", "softmax", "--tpu", "v5e", "--json", "--cache", str(tmp_path))
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert len(VerdictCache(tmp_path)) == 1
+    second = cli(*args)
+    assert second.stdout == first.stdout and json.loads(second.stdout)["static_stages"] == "passed"
+    assert len(VerdictCache(tmp_path)) == 1
+
+
 def test_infrastructure_verdicts_are_not_kept(tmp_path):
     cache = VerdictCache(tmp_path)
     crash = Verdict(task="softmax", task_version=1, status="runtime_error", message="worker died",
