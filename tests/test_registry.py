@@ -101,21 +101,6 @@ def test_every_task_is_in_the_suite_table():
         assert f"| `{task.name}` |" in table, task.name
 
 
-def test_the_performance_table_is_current(capsys):
-    """tasks/README.md's performance table is what `python -m evaluator estimate --markdown`
-    prints for the solutions as they are: regenerate it when a solution changes."""
-    from pathlib import Path
-
-    from cli.main import main
-
-    text = (Path(tasks.__file__).parent / "README.md").read_text()
-    section = text.split("\n## Performance", 1)[1].split("\n## ", 1)[0]
-    committed = [line for line in section.splitlines() if line.startswith("|")]
-    assert main(["estimate", "--markdown", "--no-cache"]) == 0
-    generated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
-    assert committed == generated
-
-
 def test_shapes_from_reads_the_last_line_of_the_task_docstring():
     """The task table's "shapes from" column: the models named by task.py's `Shapes from:` line,
     not an earlier line that merely begins with those words, and nothing for a task that names none."""
