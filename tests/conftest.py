@@ -34,21 +34,6 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(os.cpu_count() or 1, MAX_TEST_PROCESSES))
 
 
-# The longest files, longest first (seconds in CI's log of 2026-12-06). xdist hands whole files to
-# its processes in collection order (pyproject.toml: --no-loadscope-reorder; its default order,
-# most tests first, left test_check_solutions' 9 minutes in two tests for last, and one process
-# ran them while the other had nothing left). Started first, the long files leave the many
-# short ones to fill both processes to the end. A file missing here only runs later.
-LONGEST_FIRST = ("test_check_solutions.py", "test_thirdparty.py", "test_redteam.py", "test_mutations.py",
-                 "test_grading_speed.py", "test_seed_stability.py", "test_speed_prediction.py",
-                 "test_peer_suites.py", "test_tune.py", "test_ray.py")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
-
 def require(available: bool, reason: str) -> None:
     """Skip (module level too) when a prerequisite is missing; fail instead under CI=true."""
     if available:
