@@ -76,8 +76,8 @@ def spiky(rng: np.random.Generator, shape, dtype: str, scale: float) -> np.ndarr
 def forward_stats(q, k, v, *, causal: bool):
     """(o, lse) of attention in float64 numpy (no jax here: the host must not claim a device).
     One (batch, head) slice at a time: numpy's batched matmul calls BLAS per slice anyway, so the
-    values are the same, while the float64 logits of a whole coverage-size input (16 heads of
-    4096 x 4096: 2 GiB per temporary) cost 6x the time in memory traffic."""
+    values are the same, and a coverage-size input (16 heads of 4096) needs no 2 GiB float64
+    temporaries: 7 s here against 13 s batched (47 s while those 8 GiB were first touched)."""
     o = np.empty(q.shape, np.float64)
     lse = np.empty(q.shape[:-1], np.float64)
     for index in np.ndindex(q.shape[:-2]):
