@@ -1,10 +1,12 @@
 """Our tasks' solutions and their XLA references timed on a real TPU, held against the prediction.
 
-    python benchmarks/tpu_timings.py measure --out runs/tpu/v5e.jsonl [--task T ...] [--budget S]   # on a TPU host
-    python benchmarks/tpu_timings.py compare runs/tpu/v5e.jsonl [--refit [--out F]] [--plot PNG]   # anywhere
+    python benchmarks/tpu_timings.py measure --out runs/tpu/v5e.jsonl [--corpus thirdparty] [--task T ...] [--budget S]   # on a TPU host
+    python benchmarks/tpu_timings.py compare runs/tpu/v5e.jsonl [--backend tpu-compile] [--refit [--out F]] [--plot PNG]   # anywhere
 
-`measure` times every task's solution and reference at each bench case (both splits) on the
-chip this process holds, as the grader's timing stage does (evaluator/execution/handlers.py,
+`measure` times every task's solution (`--corpus solutions`, the default) or jax's own Pallas
+kernels wrapped for our tasks (`--corpus thirdparty`, tests/thirdparty.py: kernels nobody here
+wrote, so nothing was fitted on them) and the task's reference at each bench case (both splits)
+on the chip this process holds, as the grader's timing stage does (evaluator/execution/handlers.py,
 `time_callable`: 3 warm-up calls, the wall time of 20, each to block_until_ready), and appends
 one JSON line per case; a rerun skips the cases already in the file. It grades nothing: a
 solution's correctness is the grader's business (`--backend tpu`); the largest difference
@@ -52,11 +54,34 @@ def generation_of(device_kind: str) -> str:
     return found[0]
 
 
-def _kernel_of(task: Any) -> Any:
-    spec = importlib.util.spec_from_file_location(f"solution_{task.name}", task.solution_path)
+SOLUTION = "solution"  # the `kernel` of a row that times a task's own solution
+
+
+def _kernel_of(task: Any, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(f"candidate_{task.name}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses defined in the file look their module up here
     spec.loader.exec_module(module)
     return next(getattr(module, name) for name in task.entry_points if callable(getattr(module, name, None)))
+
+
+def kernels_to_time(corpus: str, names: list[str] | None, scratch: Path) -> list[tuple[str, Any, Path]]:
+    """(label, task, candidate file) for each kernel of the corpus whose task is chosen. jax's
+    kernels are built from the installed jax into `scratch`, as tests/thirdparty.py grades them."""
+    import tasks
+
+    by_name = {t.name: t for t in tasks.all_tasks()}
+    chosen = lambda task: names is None or task in names  # noqa: E731
+    if corpus == "solutions":
+        return [(SOLUTION, t, Path(t.solution_path)) for t in by_name.values() if chosen(t.name)]
+    from tests.thirdparty import CORPUS, build_source
+
+    out = []
+    for entry in (e for e in CORPUS if chosen(e.task)):
+        path = scratch / f"{entry.name}.py"
+        path.write_text(build_source(entry))
+        out.append((entry.name, by_name[entry.task], path))
+    return out
 
 
 def largest_difference(got: Any, want: Any) -> float:
@@ -71,39 +96,44 @@ def largest_difference(got: Any, want: Any) -> float:
     return worst
 
 
-def measure(out: Path, names: list[str] | None, budget_s: float) -> int:
+def measure(out: Path, corpus: str, names: list[str] | None, budget_s: float) -> int:
+    import tempfile
+
     import jax
     import numpy as np
 
-    import tasks
     from evaluator.execution.handlers import time_callable
 
     device = jax.devices()[0]
     generation = generation_of(device.device_kind)
     done = set()
     if out.is_file():
-        done = {(r["task"], r["case"]) for r in map(json.loads, out.read_text().splitlines()) if r.get("case")}
+        done = {(r.get("kernel", SOLUTION), r["task"], r["case"])
+                for r in map(json.loads, out.read_text().splitlines()) if r.get("case")}
     out.parent.mkdir(parents=True, exist_ok=True)
-    chosen = [t for t in tasks.all_tasks() if names is None or t.name in names]
-    # Breadth first: every task's first bench case before any task's second, so a run cut short
-    # by its budget has measured as many tasks as it could.
-    queues = [[(t, c) for c in t.select("train", "bench") + t.select("heldout", "bench")] for t in chosen]
+    scratch = Path(tempfile.mkdtemp(prefix="tpu-timings-"))
+    chosen = kernels_to_time(corpus, names, scratch)
+    # Breadth first: every kernel's first bench case before any kernel's second, so a run cut
+    # short by its budget has measured as many kernels as it could.
+    queues = [[(label, t, path, c) for c in t.select("train", "bench") + t.select("heldout", "bench")]
+              for label, t, path in chosen]
     order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues
-             if i < len(q) and (q[i][0].name, q[i][1].name) not in done]
-    compiled: dict[str, tuple[Any, Any]] = {}
+             if i < len(q) and (q[i][0], q[i][1].name, q[i][3].name) not in done]
+    compiled: dict[tuple[str, str], tuple[Any, Any]] = {}  # (kernel, task): every solution is "solution"
     start, timed = time.perf_counter(), 0
     with open(out, "a") as f:
-        for task, case in order:
+        for label, task, path, case in order:
             if time.perf_counter() - start > budget_s:
                 print(f"budget of {budget_s:.0f} s spent after {timed} cases: rerun to go on", flush=True)
                 return 0
-            row: dict[str, Any] = {"task": task.name, "case": case.name, "split": case.split, "dtype": case.dtype,
-                                   "generation": generation, "device_kind": device.device_kind,
-                                   "jax": jax.__version__, "warmup": WARMUP, "iters": ITERS}
+            row: dict[str, Any] = {"kernel": label, "task": task.name, "case": case.name, "split": case.split,
+                                   "dtype": case.dtype, "generation": generation,
+                                   "device_kind": device.device_kind, "jax": jax.__version__,
+                                   "warmup": WARMUP, "iters": ITERS}
             try:
-                if task.name not in compiled:
-                    compiled[task.name] = jax.jit(_kernel_of(task)), jax.jit(task.reference)
-                kernel, reference = compiled[task.name]
+                if (label, task.name) not in compiled:
+                    compiled[label, task.name] = jax.jit(_kernel_of(task, path)), jax.jit(task.reference)
+                kernel, reference = compiled[label, task.name]
                 inputs = [jax.device_put(a) for a in task.make_inputs(case, np.random.default_rng(0))]
                 row["kernel_s"] = time_callable(kernel, inputs, WARMUP, ITERS)
                 row["reference_s"] = time_callable(reference, inputs, WARMUP, ITERS)
@@ -116,54 +146,92 @@ def measure(out: Path, names: list[str] | None, budget_s: float) -> int:
             figures = (f"kernel {statistics.median(row['kernel_s']) * 1e3:.3f} ms, "
                        f"XLA {statistics.median(row['reference_s']) * 1e3:.3f} ms"
                        if "largest_difference" in row else row["error"][:160])
-            print(f"{task.name}/{case.name}: {figures} ({time.perf_counter() - start:.0f} s)", flush=True)
+            print(f"{label} {task.name}/{case.name}: {figures} ({time.perf_counter() - start:.0f} s)", flush=True)
     print(f"{timed} cases timed on {device.device_kind} in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 
 
-def predictions(generation: str, beside: Path) -> dict[tuple[str, str], CaseInputs]:
-    """(task, case) -> what the prediction is computed from, by `estimate` for the generation;
-    kept in runs/tpu/ and reused."""
-    path = ESTIMATES / f"{beside.stem}-estimate.jsonl"
+def _estimated(path: Path, args: list[str]) -> list[dict[str, Any]]:
+    """`python -m evaluator estimate --json ARGS` rows, kept in `path` and reused."""
     if not path.is_file() or not path.stat().st_size:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
-            subprocess.run([sys.executable, "-m", "evaluator", "estimate", "--split", "all", "--tpu", generation,
-                            "--json"], check=True, stdout=f)
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["task"], case): CaseInputs.from_dict(c["inputs"])
-            for r in rows for case, c in (r.get("cases") or {}).items()}
+            subprocess.run([sys.executable, "-m", "evaluator", "estimate", "--split", "all", "--json", *args],
+                           check=True, stdout=f)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def timed_samples(rows: list[dict[str, Any]], predicted: dict[tuple[str, str], CaseInputs]) -> list[Sample]:
-    return [Sample(f"{r['task']}/{r['case']}", "solutions", predicted[(r["task"], r["case"])],
-                   statistics.median(r["kernel_s"]), statistics.median(r["reference_s"]))
-            for r in rows if "kernel_s" in r and (r["task"], r["case"]) in predicted]
+def predictions(generation: str, backend: str, kernels: set[str]) -> dict[tuple[str, str, str], CaseInputs]:
+    """(kernel, task, case) -> what the prediction is computed from, by `estimate` for the
+    generation on the backend: every solution at once, each of jax's kernels named in `kernels`
+    built and estimated as the candidate of its task. Kept in runs/tpu/ and reused."""
+    common = ["--tpu", generation, "--backend", backend]
+    tag = f"{generation}-{backend}"
+    runs = [(SOLUTION, ESTIMATES / f"solutions-{tag}-estimate.jsonl", common)]
+    if kernels - {SOLUTION}:
+        from tests.thirdparty import CORPUS, build_source
+
+        for entry in (e for e in CORPUS if e.name in kernels):
+            source = ESTIMATES / "thirdparty" / f"{entry.name}.py"
+            source.parent.mkdir(parents=True, exist_ok=True)
+            source.write_text(build_source(entry))
+            runs.append((entry.name, ESTIMATES / f"{entry.name}-{tag}-estimate.jsonl",
+                         [*common, "--task", entry.task, "--candidate", str(source)]))
+    return {(kernel, r["task"], case): CaseInputs.from_dict(c["inputs"])
+            for kernel, path, args in runs for r in _estimated(path, args)
+            for case, c in (r.get("cases") or {}).items()}
 
 
-def compare(path: Path, refit: bool, out: Path | None, plot_path: Path | None, json_path: Path | None) -> int:
+def graded_correct(row: dict[str, Any]) -> bool:
+    """A solution, or one of jax's kernels on a split and dtype its entry in tests/thirdparty.py
+    expects `correct` (test_thirdparty holds the grader to it): the speed of a kernel the grader
+    refuses is not a speed anyone would be paid for."""
+    if row.get("kernel", SOLUTION) == SOLUTION:
+        return True
+    from tests.thirdparty import CORPUS
+
+    entry = next(e for e in CORPUS if e.name == row["kernel"])
+    return row["split"] in entry.splits_expected_correct and row["dtype"] in entry.dtypes_expected_correct
+
+
+def timed_samples(rows: list[dict[str, Any]], predicted: dict[tuple[str, str, str], CaseInputs]) -> list[Sample]:
+    keys = [(r.get("kernel", SOLUTION), r["task"], r["case"]) for r in rows]
+    return [Sample("/".join(key), key[0], predicted[key], statistics.median(r["kernel_s"]),
+                   statistics.median(r["reference_s"]))
+            for key, r in zip(keys, rows) if "kernel_s" in r and key in predicted]
+
+
+def compare(paths: list[Path], backend: str, refit: bool, out: Path | None, plot_path: Path | None,
+            json_path: Path | None) -> int:
     from perf_agreement import figures, plot, table
 
     from evaluator.performance.fit import fit
 
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
     generations = {r["generation"] for r in rows}
     if len(generations) != 1:
-        raise SystemExit(f"{path} holds timings of {len(generations)} generations: compare one at a time")
+        raise SystemExit(f"{', '.join(map(str, paths))} hold timings of {len(generations)} generations: "
+                         "compare one at a time")
     gen = GENERATIONS[generations.pop()]
-    predicted = predictions(gen.name, path)
-    sets = {f"{split} cases": timed_samples([r for r in rows if r["split"] == split], predicted)
+    predicted = predictions(gen.name, backend, {r.get("kernel", SOLUTION) for r in rows})
+    solutions = [r for r in rows if r.get("kernel", SOLUTION) == SOLUTION]
+    theirs = [r for r in rows if r.get("kernel", SOLUTION) != SOLUTION]
+    sets = {f"{split} cases": timed_samples([r for r in solutions if r["split"] == split], predicted)
             for split in ("train", "heldout")}
+    if theirs:  # nobody here wrote them, and nothing was fitted on them: held out at every case
+        sets["jax's kernels, all cases"] = timed_samples([r for r in theirs if graded_correct(r)], predicted)
     loaded = calib.load()
     constants = {"in use": loaded}
-    if refit:  # fitted on the train cases alone: the held-out cases' row is a test of the refit
+    if refit:  # fitted on the train cases alone: the other sets' rows are a test of the refit
         constants[f"refit on {gen.name} train cases"] = fit(
             sets["train cases"], gen, loaded, fitted_on=f"{len(sets['train cases'])} train cases timed on "
-                                                         f"{gen.name}: {path}")
+                                                         f"{gen.name}: {', '.join(map(str, paths))}")
     last = list(constants.values())[-1]
-    print(f"{sum(map(len, sets.values()))} cases timed on {gen.name} ({rows[0]['device_kind']}, jax {rows[0]['jax']}); "
-          f"{sum(1 for r in rows if 'error' in r)} failed to run; constants in use fitted on: "
-          f"{loaded.fitted_on or 'nothing'}\n")
+    refused = sum(1 for r in theirs if "kernel_s" in r and not graded_correct(r))
+    print(f"{sum(map(len, sets.values()))} cases timed on {gen.name} ({rows[0]['device_kind']}, jax {rows[0]['jax']}), "
+          f"predicted on {backend}; {sum(1 for r in rows if 'error' in r)} failed to run"
+          + (f", {refused} of jax's kernels' left out (not graded correct there)" if theirs else "")
+          + f"; constants in use fitted on: {loaded.fitted_on or 'nothing'}\n")
     print(table(sets, constants, gen))
     if refit:
         print(f"\nrefit: {last}")
@@ -176,7 +244,7 @@ def compare(path: Path, refit: bool, out: Path | None, plot_path: Path | None, j
                             for k, v in figures(samples, c, gen).items()} for name, samples in sets.items()}
              for label, c in constants.items()}, indent=2))
     if plot_path:
-        plot(sets, last, plot_path, gen, f"our tasks' solutions, constants {list(constants)[-1]}")
+        plot(sets, last, plot_path, gen, f"constants {list(constants)[-1]}, {backend}")
         print(f"wrote {plot_path}")
     return 0
 
@@ -186,10 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="on a TPU host: time every solution and reference at its bench cases")
     m.add_argument("--out", type=Path, required=True, help="JSONL of timings, appended to (a rerun resumes)")
+    m.add_argument("--corpus", choices=("solutions", "thirdparty"), default="solutions",
+                   help="whose kernels: the tasks' solutions, or jax's own (tests/thirdparty.py)")
     m.add_argument("--task", action="append", default=None, help="only this task (repeatable)")
     m.add_argument("--budget", type=float, default=float("inf"), help="stop starting cases after S seconds")
     c = sub.add_parser("compare", help="hold the timings against the static prediction")
-    c.add_argument("timings", type=Path)
+    c.add_argument("timings", type=Path, nargs="+", help="JSONL written by measure (one generation)")
+    c.add_argument("--backend", choices=("tpu-interpret", "tpu-compile"), default="tpu-interpret",
+                   help="estimate's backend for the prediction (tpu-compile: the glue priced by libtpu's compile)")
     c.add_argument("--refit", action="store_true",
                    help="also refit the constants on the train cases' timings and test them on the held-out cases'")
     c.add_argument("--out", type=Path, default=None, help="write the constants shown last (the refit) here")
@@ -197,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     args = p.parse_args(argv)
     if args.command == "measure":
-        return measure(args.out, args.task, args.budget)
-    return compare(args.timings, args.refit, args.out, args.plot, args.json)
+        return measure(args.out, args.corpus, args.task, args.budget)
+    return compare(args.timings, args.backend, args.refit, args.out, args.plot, args.json)
 
 
 if __name__ == "__main__":
