@@ -188,10 +188,9 @@ def graded_correct(row: dict[str, Any]) -> bool:
     refuses is not a speed anyone would be paid for."""
     if row.get("kernel", SOLUTION) == SOLUTION:
         return True
-    from tests.thirdparty import CORPUS
+    from tests.thirdparty import BY_NAME
 
-    entry = next(e for e in CORPUS if e.name == row["kernel"])
-    return row["split"] in entry.splits_expected_correct and row["dtype"] in entry.dtypes_expected_correct
+    return BY_NAME[row["kernel"]].expected_correct(row["split"], row["dtype"])
 
 
 def timed_samples(rows: list[dict[str, Any]], predicted: dict[tuple[str, str, str], CaseInputs]) -> list[Sample]:

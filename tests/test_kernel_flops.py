@@ -195,6 +195,34 @@ def test_prefetch_ref_written_by_the_kernel_loses_its_bounds():
     assert list(intervals.kernel_loop_trips(eqn, operands).values()) == [None]
 
 
+def _tiled_call(x, sizes, read_table_at_step: bool):
+    """A grid of as many steps as the tiles that `sizes` cover (a traced count, as megablox
+    gmm's active tiles), each step's row block looked up in a 16-long tile table, or not."""
+    table = jnp.arange(16, dtype=jnp.int32)
+    steps = jnp.sum((sizes + 7) // 8)
+    rows = (lambda i, ids: (ids[i], 0)) if read_table_at_step else (lambda i, ids: (0, 0))
+    return pl.pallas_call(
+        lambda ids, x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2.0),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(steps,), in_specs=[pl.BlockSpec((8, 128), rows)],
+            out_specs=pl.BlockSpec((8, 128), rows)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(table, x)
+
+
+def test_a_dynamic_grid_runs_no_further_than_the_table_its_steps_read():
+    """sizes: 4 values in [0, 128], so the interval bound of the step count is 4 x 16 = 64;
+    a step index that reads a 16-long table cannot go past 16 steps without reading outside it."""
+    specs = [jax.ShapeDtypeStruct((128, 128), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32)]
+    grids = {}
+    for reads in (True, False):
+        closed = jax.make_jaxpr(lambda x, s: _tiled_call(x, s, reads))(*specs)
+        (call,) = summarize(closed, traffic=True, arg_bounds=[None, (0, 128)]).pallas_calls
+        grids[reads] = call.grid
+        assert not call.data_dependent_trips
+    assert grids == {True: [16], False: [64]}
+
+
 # --- convolutions -----------------------------------------------------------------------
 def test_convolution_flops_count_the_window_and_features_per_group():
     x = jax.ShapeDtypeStruct((2, 10, 6), jnp.float32)  # NWC, 6 input features

@@ -55,6 +55,10 @@ class ThirdPartyKernel:
     note: str = ""  # why a split or dtype is not expected correct
     rewrites: tuple[Rewrite, ...] = ()  # applied to every inlined module, after _REWRITES_ALWAYS
 
+    def expected_correct(self, split: str, dtype: str) -> bool:
+        """Whether the grader must grade this kernel's cases of `split` and `dtype` correct."""
+        return split in self.splits_expected_correct and dtype in self.dtypes_expected_correct
+
 
 # Applied to every inlined module. No `jax._src` import needs rewriting with jax 0.10: none of
 # the inlined modules imports it (splash_attention_mask_info.py does, but it stays an import,

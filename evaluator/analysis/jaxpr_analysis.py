@@ -190,7 +190,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
     static_grid = all(g >= 0 for g in grid)
     # A grid dimension given by a traced value (megablox gmm's active tiles) counts at the
     # bound of that operand where one is known; else it stays -1 (one step, a lower bound).
-    grid, unbounded_grid = _bounded_grid(grid, operand_bounds)
+    grid, unbounded_grid = _bounded_grid(grid, operand_bounds, _prefetch_lengths(gm, len(grid)))
     n_in = gm.num_inputs
     blocks = []
     for i, bm in enumerate(gm.block_mappings):
@@ -278,23 +278,47 @@ def _unbounded_trip_origins(closed_jaxpr: Any, arg_bounds: Any, bounds: interval
         info.unbounded_trips_from = trip_origin.describe(origin)
 
 
-def _bounded_grid(grid: tuple[int, ...], operand_bounds: list[intervals.Interval] | None
-                  ) -> tuple[tuple[int, ...], bool]:
+def _bounded_grid(grid: tuple[int, ...], operand_bounds: list[intervals.Interval] | None,
+                  indexed: dict[int, int] | None = None) -> tuple[tuple[int, ...], bool]:
     """Dynamic grid dimensions (-1) replaced by their operands' upper bounds (the leading
-    pallas_call operands, one per dynamic dimension, in order); True when one has none."""
+    pallas_call operands, one per dynamic dimension, in order), or by the length of a
+    prefetched array that dimension's index reads (`indexed`) where that is lower; True when
+    a dimension has neither."""
     bounds = iter(operand_bounds or ())
     out, unbounded = [], False
-    for g in grid:
+    for dim, g in enumerate(grid):
         if g >= 0:
             out.append(g)
             continue
         hi = getattr(next(bounds, None), "hi", None)
-        if hi is None or not math.isfinite(hi):
+        hi = min(hi if hi is not None and math.isfinite(hi) else math.inf, (indexed or {}).get(dim, math.inf))
+        if not math.isfinite(hi):
             out.append(-1)
             unbounded = True
         else:
             out.append(max(int(hi), 1))
     return tuple(out), unbounded
+
+
+def _prefetch_lengths(gm: Any, n_grid: int) -> dict[int, int]:
+    """grid dimension -> the shortest 1-D prefetched array that a block's index map reads at
+    that dimension's index itself. Past that length the read is out of bounds, so a dynamic
+    dimension runs at most that many steps: megablox gmm sizes its grid by the active m tiles
+    (an interval bound of 4104 at 8192 rows in 8 groups, since intervals cannot see that the
+    group sizes sum to the rows) and reads its tile tables, 71 long, at that index."""
+    found: dict[int, int] = {}
+    for bm in gm.block_mappings:
+        jaxpr = bm.index_map_jaxpr.jaxpr
+        grid_vars, prefetch = jaxpr.invars[:n_grid], {id(v) for v in jaxpr.invars[n_grid:]}
+        for eqn in jaxpr.eqns:
+            ref = eqn.invars[0] if eqn.invars else None
+            shape = getattr(getattr(ref, "aval", None), "shape", ())
+            if eqn.primitive.name != "get" or id(ref) not in prefetch or len(shape) != 1:
+                continue
+            for dim, v in enumerate(grid_vars):
+                if any(u is v for u in eqn.invars[1:]):
+                    found[dim] = min(found.get(dim, int(shape[0])), int(shape[0]))
+    return found
 
 
 def _kernel_name(eqn: Any) -> str:
