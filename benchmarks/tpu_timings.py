@@ -219,6 +219,9 @@ def compare(paths: list[Path], backend: str, refit: bool, out: Path | None, plot
             for split in ("train", "heldout")}
     if theirs:  # nobody here wrote them, and nothing was fitted on them: held out at every case
         sets["jax's kernels, all cases"] = timed_samples([r for r in theirs if graded_correct(r)], predicted)
+    sets = {name: samples for name, samples in sets.items() if samples}
+    if refit and "train cases" not in sets:
+        raise SystemExit("--refit fits on the solutions' train cases: give their timings too")
     loaded = calib.load()
     constants = {"in use": loaded}
     if refit:  # fitted on the train cases alone: the other sets' rows are a test of the refit
