@@ -1,7 +1,8 @@
-"""Our tasks' solutions and their XLA references timed on a real TPU, held against the prediction.
+"""Kernels (our tasks' solutions, or jax's own) and their XLA references timed on a real TPU,
+held against the prediction.
 
     python benchmarks/tpu_timings.py measure --out runs/tpu/v5e.jsonl [--corpus thirdparty] [--task T ...] [--budget S]   # on a TPU host
-    python benchmarks/tpu_timings.py compare runs/tpu/v5e.jsonl [--backend tpu-compile] [--refit [--out F]] [--plot PNG]   # anywhere
+    python benchmarks/tpu_timings.py compare runs/tpu/v5e.jsonl [MORE.jsonl] [--backend tpu-compile] [--refit [--out F]] [--plot PNG]   # anywhere
 
 `measure` times every task's solution (`--corpus solutions`, the default) or jax's own Pallas
 kernels wrapped for our tasks (`--corpus thirdparty`, tests/thirdparty.py: kernels nobody here
@@ -14,12 +15,12 @@ from the reference's output on the same chip is recorded as a sanity check.
 
 `compare` joins those times with the static prediction for the chip's generation (`python -m
 evaluator estimate --split all --json`, nothing run, kept in runs/tpu/) and prints the table
-of benchmarks/perf_agreement.py for the train and the held-out cases: share within 2x, median
-predicted/measured and Spearman for the XLA references, the kernels and their speedups, and the
-sign accuracy of "faster than XLA". The constants in use were fitted on JAXBench's v6e times
-only, so a generation they never saw is a held-out test. `--refit` also fits them on the train
-cases' timings and shows what that does to the held-out cases'; `--out` writes the refit where
-`$PALLAS_KERNEL_GYM_CALIBRATION` can name it.
+of benchmarks/perf_agreement.py for the solutions' train and held-out cases and for jax's kernels
+(the cases the grader passes): share within 2x, median predicted/measured and Spearman for the
+XLA references, the kernels and their speedups, and the sign accuracy of "faster than XLA". The
+constants in use were fitted on JAXBench's v6e times only, so a generation they never saw is a
+held-out test. `--refit` also fits them on the solutions' train cases and shows what that does to
+the other sets; `--out` writes the refit where `$PALLAS_KERNEL_GYM_CALIBRATION` can name it.
 """
 from __future__ import annotations
 
@@ -232,7 +233,7 @@ def compare(paths: list[Path], backend: str, refit: bool, out: Path | None, plot
     refused = sum(1 for r in theirs if "kernel_s" in r and not graded_correct(r))
     print(f"{sum(map(len, sets.values()))} cases timed on {gen.name} ({rows[0]['device_kind']}, jax {rows[0]['jax']}), "
           f"predicted on {backend}; {sum(1 for r in rows if 'error' in r)} failed to run"
-          + (f", {refused} of jax's kernels' left out (not graded correct there)" if theirs else "")
+          + (f", {refused} cases of jax's kernels left out (the grader does not pass them)" if theirs else "")
           + f"; constants in use fitted on: {loaded.fitted_on or 'nothing'}\n")
     print(table(sets, constants, gen))
     if refit:
