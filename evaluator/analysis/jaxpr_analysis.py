@@ -189,7 +189,8 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
     grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1 for g in gm.grid)
     static_grid = all(g >= 0 for g in grid)
     # A grid dimension given by a traced value (megablox gmm's active tiles) counts at the
-    # bound of that operand where one is known; else it stays -1 (one step, a lower bound).
+    # bound of that operand, or of the prefetched table its index reads, where one is known;
+    # else it stays -1 (one step, a lower bound).
     grid, unbounded_grid = _bounded_grid(grid, operand_bounds, _prefetch_lengths(gm, len(grid)))
     n_in = gm.num_inputs
     blocks = []
