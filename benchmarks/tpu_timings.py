@@ -66,23 +66,30 @@ def _kernel_of(task: Any, path: Path) -> Any:
     return next(getattr(module, name) for name in task.entry_points if callable(getattr(module, name, None)))
 
 
-def kernels_to_time(corpus: str, names: list[str] | None, scratch: Path) -> list[tuple[str, Any, Path]]:
-    """(label, task, candidate file) for each kernel of the corpus whose task is chosen. jax's
-    kernels are built from the installed jax into `scratch`, as tests/thirdparty.py grades them."""
+def built_thirdparty(keep: Any) -> list[tuple[Any, Path]]:
+    """(entry, candidate file) for each of jax's kernels in tests/thirdparty.py that `keep(entry)`
+    accepts, built from the installed jax into runs/tpu/thirdparty/ as test_thirdparty grades them."""
+    from tests.thirdparty import CORPUS, build_source
+
+    folder = ESTIMATES / "thirdparty"
+    folder.mkdir(parents=True, exist_ok=True)
+    built = []
+    for entry in filter(keep, CORPUS):
+        path = folder / f"{entry.name}.py"
+        path.write_text(build_source(entry))
+        built.append((entry, path))
+    return built
+
+
+def kernels_to_time(corpus: str, names: list[str] | None) -> list[tuple[str, Any, Path]]:
+    """(label, task, candidate file) for each kernel of the corpus whose task is chosen."""
     import tasks
 
     by_name = {t.name: t for t in tasks.all_tasks()}
     chosen = lambda task: names is None or task in names  # noqa: E731
     if corpus == "solutions":
         return [(SOLUTION, t, Path(t.solution_path)) for t in by_name.values() if chosen(t.name)]
-    from tests.thirdparty import CORPUS, build_source
-
-    out = []
-    for entry in (e for e in CORPUS if chosen(e.task)):
-        path = scratch / f"{entry.name}.py"
-        path.write_text(build_source(entry))
-        out.append((entry.name, by_name[entry.task], path))
-    return out
+    return [(entry.name, by_name[entry.task], path) for entry, path in built_thirdparty(lambda e: chosen(e.task))]
 
 
 def largest_difference(got: Any, want: Any) -> float:
@@ -98,8 +105,6 @@ def largest_difference(got: Any, want: Any) -> float:
 
 
 def measure(out: Path, corpus: str, names: list[str] | None, budget_s: float) -> int:
-    import tempfile
-
     import jax
     import numpy as np
 
@@ -112,8 +117,7 @@ def measure(out: Path, corpus: str, names: list[str] | None, budget_s: float) ->
         done = {(r.get("kernel", SOLUTION), r["task"], r["case"])
                 for r in map(json.loads, out.read_text().splitlines()) if r.get("case")}
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="tpu-timings-"))
-    chosen = kernels_to_time(corpus, names, scratch)
+    chosen = kernels_to_time(corpus, names)
     # Breadth first: every kernel's first bench case before any kernel's second, so a run cut
     # short by its budget has measured as many kernels as it could.
     queues = [[(label, t, path, c) for c in t.select("train", "bench") + t.select("heldout", "bench")]
@@ -169,15 +173,9 @@ def predictions(generation: str, backend: str, kernels: set[str]) -> dict[tuple[
     common = ["--tpu", generation, "--backend", backend]
     tag = f"{generation}-{backend}"
     runs = [(SOLUTION, ESTIMATES / f"solutions-{tag}-estimate.jsonl", common)]
-    if kernels - {SOLUTION}:
-        from tests.thirdparty import CORPUS, build_source
-
-        for entry in (e for e in CORPUS if e.name in kernels):
-            source = ESTIMATES / "thirdparty" / f"{entry.name}.py"
-            source.parent.mkdir(parents=True, exist_ok=True)
-            source.write_text(build_source(entry))
-            runs.append((entry.name, ESTIMATES / f"{entry.name}-{tag}-estimate.jsonl",
-                         [*common, "--task", entry.task, "--candidate", str(source)]))
+    for entry, source in built_thirdparty(lambda e: e.name in kernels):
+        runs.append((entry.name, ESTIMATES / f"{entry.name}-{tag}-estimate.jsonl",
+                     [*common, "--task", entry.task, "--candidate", str(source)]))
     return {(kernel, r["task"], case): CaseInputs.from_dict(c["inputs"])
             for kernel, path, args in runs for r in _estimated(path, args)
             for case, c in (r.get("cases") or {}).items()}
