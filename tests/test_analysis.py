@@ -3,6 +3,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from evaluator.analysis.features import check_feature
 from evaluator.analysis.jaxpr_analysis import summarize
@@ -77,12 +78,26 @@ def test_vmem_lower_bound_counts_double_buffers_tiles_and_scratch():
     # three 512x512 f32 blocks, double-buffered, plus one 512x512 f32 accumulator
     assert vmem_lower_bound(call) == 3 * 2 * 512 * 512 * 4 + 512 * 512 * 4
     assert tiled_bytes([7, 100], "float32") == 8 * 128 * 4
-    assert tiled_bytes([7, 100], "bfloat16") == 16 * 128 * 2
+    assert tiled_bytes([12, 100], "bfloat16") == 16 * 128 * 2
     # the kernel's own vmem_limit_bytes, else the generation's default scoped limit
     assert call.vmem_limit_bytes == 64 * MiB and vmem_budget(call, GENERATIONS["v5e"])[0] == 64 * MiB
     default = dataclasses.replace(call, vmem_limit_bytes=None)
     assert vmem_budget(default, GENERATIONS["v5e"])[0] == 16 * MiB
     assert vmem_budget(default, GENERATIONS["v6e"])[0] == 32 * MiB
+
+
+def test_few_rows_pad_to_a_power_of_two_not_to_a_whole_tile():
+    """What libtpu's v5e compile allocated for VMEM scratch of few rows (CompileTimeScopedVmemOom's
+    "Scoped allocation with size"): rows pad to a power of two, at least one packed sublane's
+    (two bf16 rows), not to the native 8 (f32) or 16 (bf16). tpu-inference's ragged paged
+    attention keeps (2, 2048, 17, 1, 128) f32 of KV scratch, 34 MiB, which an 8-row pad made
+    272 MiB: refused as over VMEM where it compiled and ran on a v5e."""
+    allocated = {((131072, 1, 128), "float32"): 64 * MiB, ((43690, 3, 128), "float32"): 85.33 * MiB,
+                 ((26214, 5, 128), "float32"): 102.4 * MiB, ((131072, 1, 128), "bfloat16"): 64 * MiB,
+                 ((43690, 3, 128), "bfloat16"): 42.67 * MiB, ((26214, 5, 128), "bfloat16"): 51.2 * MiB}
+    for (shape, dtype), size in allocated.items():
+        assert tiled_bytes(list(shape), dtype) == pytest.approx(size, rel=1e-3), (shape, dtype)
+    assert tiled_bytes([2, 2048, 17, 1, 128], "float32") == 2 * 2048 * 17 * 128 * 4
 
 
 def test_whole_array_blocks_overflow_vmem_only_at_bench_size():

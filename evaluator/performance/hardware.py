@@ -53,7 +53,11 @@ DEFAULT_GENERATION = "v5e"
 
 
 def tiled_bytes(shape: list[int], dtype: str) -> int:
-    """Bytes of a VMEM buffer after padding to the native (sublane, 128-lane) tile.
+    """Bytes of a VMEM buffer after padding to Mosaic's tile: 128 lanes, and rows to the native
+    tile's (8 for 32-bit types, 16 for bf16: 32-bit sublanes pack 16-bit rows in pairs) or, for
+    fewer rows, to a power of two, at least one packed sublane's. libtpu's v5e compile
+    allocated a (131072, 1, 128) f32 scratch at 64 MiB, (43690, 3, 128) at 85.33 MiB, and bf16
+    (131072, 1, 128) at 64 MiB (docs/performance-model.md): one row is not padded to eight.
 
     Mosaic pads every buffer at least this much, so this never over-estimates.
     """
@@ -61,7 +65,13 @@ def tiled_bytes(shape: list[int], dtype: str) -> int:
     dims = list(shape) or [1]
     dims[-1] = _round_up(dims[-1], 128)
     if len(dims) >= 2:
-        dims[-2] = _round_up(dims[-2], 8 * max(1, 4 // itemsize))  # bf16 packs 16 rows
+        packed = max(1, 4 // itemsize)
+        tile = 8 * packed
+        rows = dims[-2]
+        if rows >= tile:
+            dims[-2] = _round_up(rows, tile)
+        elif rows:
+            dims[-2] = max(packed, 1 << (rows - 1).bit_length())
     return math.prod(dims) * itemsize
 
 
