@@ -20,6 +20,7 @@ from evaluator.analysis import coverage, features as feature_checks, grid_checks
 from evaluator.analysis.jaxpr_analysis import TraceSummary
 from evaluator.analysis.provenance import KernelOrigin
 from evaluator.candidate import policy
+from evaluator.candidate.errors import INTERPRETER_FAULT
 from evaluator.candidate.extract import ExtractionError, extract_code
 from evaluator.execution import step_limits
 from evaluator.execution.backends import Backend
@@ -794,6 +795,14 @@ def _compare_case(ctx: GradingContext, case: Case, result: CaseResult, reply: Ra
     for seed, seed_result, (expected_out, tpu_out, spread) in zip(result.seeds, reply.results, expected_per_seed):
         if not seed_result.ok:
             result.error = f"{seed_result.error_type}: {seed_result.error.rstrip('.')}"
+            if seed_result.error_type == INTERPRETER_FAULT:
+                return Failure("grader_limit", f"this grader cannot run the kernel on {ctx.backend.name} yet: "
+                                               f"jax's TPU interpret mode failed inside its own code on case "
+                                               f"{case.describe()} ({seed_result.error.rstrip('.')}). That is "
+                                               "the grader's limit, not an error in your kernel, which passed "
+                                               "every check before the run (the TPU lowering included); on a "
+                                               "TPU (--backend tpu) it runs as traced.",
+                               seed_result.error_type, seed_result.error, case=case)
             return Failure("runtime_error", f"runtime error on case {case.describe()}, seed {seed}: "
                                             f"{result.error}.", seed_result.error_type, seed_result.error, case=case)
         got = outputs[offset: offset + seed_result.n_outputs]

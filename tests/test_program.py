@@ -503,3 +503,46 @@ def test_a_primitive_the_replay_cannot_rebuild_is_named_as_its_limit():
     jax.jit(replay(traced)).trace(spec).lower(lowering_platforms=("tpu",))
     with pytest.raises(ReplayLimit, match="custom_linear_solve"):
         jax.jit(replay(traced, interpret=pltpu.InterpretParams()))(np.ones((8, 128), np.float32))
+
+
+RESHAPED_DMA = '''
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def _copy_rows(x_hbm, o_ref, buf, sem):
+    tiles = o_ref.shape[0] * o_ref.shape[1] // 128
+    copy = pltpu.make_async_copy(x_hbm.reshape(tiles, 128), buf, sem)
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[...].reshape(o_ref.shape) * 2
+
+
+def kernel(x):
+    return pl.pallas_call(
+        _copy_rows, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        scratch_shapes=[pltpu.VMEM((x.size // 128, 128), x.dtype), pltpu.SemaphoreType.DMA])(x)
+'''
+
+
+def test_interpret_mode_failing_in_its_own_code_is_told_from_a_kernel_error():
+    """jax's TPU interpret mode reads only indexers off a ref (its utils.to_range, "for now"), so a
+    DMA from a reshaped ref raises AttributeError inside the interpreter: the grader's limit
+    (`grader_limit`), where ejkernel's grouped matmul and tpu-inference's ragged paged attention,
+    right on a v5e, got `runtime_error`. An AttributeError of the kernel's own stays its error."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from evaluator.candidate.errors import interpreter_fault
+
+    def raised(source: str) -> Exception:
+        namespace: dict = {}
+        exec(compile(source, "candidate.py", "exec"), namespace)
+        with pytest.raises(Exception) as info, pltpu.force_tpu_interpret_mode():
+            jax.block_until_ready(jax.jit(namespace["kernel"])(jnp.ones((16, 256), jnp.float32)))
+        return info.value
+
+    assert interpreter_fault(raised(RESHAPED_DMA))
+    own = RESHAPED_DMA.replace("o_ref[...] = buf[...]", "o_ref[...] = buf.no_such_field[...]")
+    assert not interpreter_fault(raised(own))

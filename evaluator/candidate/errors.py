@@ -10,18 +10,40 @@ MAX_ERROR_CHARS = 700
 # Interpret mode re-raises kernel errors wrapped as "INTERNAL: CpuCallback error ...
 # Traceback ... IndexError: ..."; the last "SomethingError: text" line is the real one.
 _INNER_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$", re.M)
+_TEXT_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
+# jax's TPU interpret mode, where it cannot do what a kernel asks: its utils.to_range reads only
+# NDIndexer transforms ("For now"), so a DMA from a reshaped ref raises AttributeError there.
+# Errors the interpreter means to raise about a kernel (out of bounds, a race) are other types.
+_INTERPRETER = "/jax/_src/pallas/mosaic/interpret/"
+_INTERPRETER_FAULTS = ("AttributeError", "NotImplementedError")
+INTERPRETER_FAULT = "InterpreterFault"  # the error type a run reports for one (stages.py: grader_limit)
 
 
 def describe_exception(exc: BaseException, source_lines: list[str] | None = None) -> tuple[str, str]:
     """(error type, short message): the innermost real error plus where in the candidate."""
-    etype, text = type(exc).__name__, str(exc).strip()
-    inner = _INNER_ERROR.findall(text)
-    if inner and ("Traceback" in text or "CpuCallback" in text):
-        etype, text = inner[-1][0].split(".")[-1], inner[-1][1].strip()
+    etype, text, _ = _innermost(exc)
     where = candidate_location(exc, source_lines)
     if where:
         text = f"{text}\n{where}"
     return etype, shorten(text)
+
+
+def interpreter_fault(exc: BaseException) -> bool:
+    """Whether jax's interpret mode failed on its own, not on the kernel: an AttributeError or
+    NotImplementedError raised in the interpreter's code (the innermost frame; inside a callback,
+    the innermost frame of the traceback its text carries)."""
+    etype, _, frames = _innermost(exc)
+    return etype in _INTERPRETER_FAULTS and bool(frames) and _INTERPRETER in frames[-1].replace("\\", "/")
+
+
+def _innermost(exc: BaseException) -> tuple[str, str, list[str]]:
+    """(type, message, files of its frames, innermost last) of the real error: inside a callback,
+    the one the wrapping error's text carries."""
+    text = str(exc).strip()
+    inner = _INNER_ERROR.findall(text)
+    if inner and ("Traceback" in text or "CpuCallback" in text):
+        return inner[-1][0].split(".")[-1], inner[-1][1].strip(), _TEXT_FRAME.findall(text)
+    return type(exc).__name__, text, [f.filename for f in traceback.extract_tb(exc.__traceback__)]
 
 
 def candidate_location(exc: BaseException, source_lines: list[str] | None) -> str:

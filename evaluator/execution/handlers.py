@@ -14,7 +14,8 @@ import time
 import types
 from typing import Any, Callable
 
-from evaluator.candidate.errors import CANDIDATE_FILENAME, compiler_message, describe_exception
+from evaluator.candidate.errors import (CANDIDATE_FILENAME, INTERPRETER_FAULT, compiler_message, describe_exception,
+                                       interpreter_fault)
 from evaluator.execution import jax_hooks
 from evaluator.execution.program import INTERPRET_COMPILE_OPTIONS
 from evaluator.execution.protocol import (Call, CaseSpec, Compile, Compiled, Costed, Done, Failed, Load, Lower, Ping,
@@ -221,6 +222,8 @@ def run(state: WorkerState, request: Run, arrays: list) -> tuple[Any, list]:
             host = [np.array(leaf) for leaf in leaves]  # copies off the device
         except Exception as exc:
             etype, text = describe_exception(exc, state.source_lines)
+            if interpreter_fault(exc):  # the grader's limit (stages: grader_limit), not the kernel's
+                etype = INTERPRETER_FAULT
             results.append(SeedResult(False, etype, text, checks=checks))
             break
         finally:
