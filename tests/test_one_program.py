@@ -64,3 +64,42 @@ def test_skipping_blocks_only_at_bench_sizes_is_refused_unless_the_task_does_not
     assert _missing_work(program(call("attn", "dot_general", flops=0.4 * needed)), needed, case,
                          check_share=1.01, slack=IMPORTED_WORK_SLACK) is not None
 
+
+
+_NAMED_BY_SHAPE = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _double(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+def _zeros(x_ref, o_ref):
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+def kernel(x):
+    body = _zeros if x.shape[0] > SWAP_ABOVE else _double
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          name=f"double-m_{x.shape[0]}-n_{x.shape[1]}")(x)
+'''
+
+
+def _traced(rows: int, swap_above: int) -> TraceSummary:
+    import jax
+    import jax.numpy as jnp
+
+    from evaluator.analysis.jaxpr_analysis import summarize
+
+    namespace: dict = {"SWAP_ABOVE": swap_above}
+    exec(compile(_NAMED_BY_SHAPE, "candidate.py", "exec"), namespace)
+    return summarize(jax.make_jaxpr(namespace["kernel"])(jax.ShapeDtypeStruct((rows, 128), jnp.float32)))
+
+
+def test_a_kernel_named_after_its_shapes_is_the_same_kernel_at_every_size():
+    """ejkernel and tpu-inference name their pallas_calls after their shapes and tiles
+    ("gmm_v3-g_8-m_8192-k_2048-..."): the same body under another name at bench sizes is the same
+    kernel, told by where its body is defined; another body under the same scheme is not."""
+    honest = one_program.shortcut(_traced(1024, swap_above=10**9), [("check", _traced(16, swap_above=10**9))])
+    assert honest is None
+    swapped = one_program.shortcut(_traced(1024, swap_above=512), [("check", _traced(16, swap_above=512))])
+    assert "double-m_1024-n_128 runs here but at no check case" in swapped

@@ -128,6 +128,40 @@ def test_a_kernels_dots_at_highest_precision_carry_their_extra_mxu_passes():
     assert kernel_estimate(call, GENERATIONS["v5e"]).multipass_flops == call.multipass_flops
 
 
+def _attention_head_summary(head_dim: int):
+    """One grid step of q.k^T then p.v over 256 tokens at a head of `head_dim`."""
+    source = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _attend(q_ref, k_ref, v_ref, o_ref):
+    s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())))
+    o_ref[...] = jnp.dot(s, v_ref[...])
+
+def kernel(q, k, v):
+    return pl.pallas_call(_attend, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype))(q, k, v)
+'''
+    namespace: dict = {}
+    exec(compile(source, "candidate.py", "exec"), namespace)
+    spec = jax.ShapeDtypeStruct((256, head_dim), jnp.bfloat16)
+    (call,) = summarize(jax.make_jaxpr(namespace["kernel"])(spec, spec, spec), traffic=True).pallas_calls
+    return call
+
+
+def test_a_narrow_head_pays_for_the_mxu_tiles_it_leaves_empty():
+    """The MXU holds a dot's rhs in 128-wide tiles: at a 64-wide head, q.k^T contracts over half
+    a tile and p.v fills half of its output lanes, so each takes the MXU the time of a 128-wide
+    head's (a v5e ran jax's flash attention at 3000 tokens x 64 twice as slow as the 64-wide
+    FLOPs predicted). The estimate carries that padding to the speed prediction; a 128-wide head
+    has none."""
+    narrow, wide = _attention_head_summary(64), _attention_head_summary(128)
+    assert wide.mxu_padding_flops == 0
+    assert narrow.flops == pytest.approx(2 * 2.0 * 256 * 256 * 64)
+    assert narrow.mxu_padding_flops == pytest.approx(narrow.flops)
+    assert kernel_estimate(narrow, GENERATIONS["v5e"]).mxu_padding_flops == narrow.mxu_padding_flops
+
+
 def test_f32_matmuls_run_at_the_f32_rate_and_the_ideal_follows_the_case_dtype():
     gen = GENERATIONS["v5e"]
     task, case = _matmul_case()

@@ -137,19 +137,19 @@ def failure_note(details: dict | None, case_name: str) -> str:
 
 def spaces(summary: TraceSummary) -> dict[str, dict[str, int]]:
     """Each pallas_call's grid axes and loops with their steps ({"axis 0": 4, "loop 0": 8}),
-    and the branches its grid-decided conds take ({"cond 0 branch 1": 1}), keyed by kernel name
-    (`name#2` for its second occurrence), so that the same kernel is compared across sizes even
-    when other kernels come and go. A loop of unknown trip count (-1) and a cond the grid does
-    not decide are left out: there is nothing to compare."""
+    and the branches its grid-decided conds take ({"cond 0 branch 1": 1}), keyed by kernel
+    (PallasCallInfo.key, `key#2` for its second occurrence), so that the same kernel is compared
+    across sizes even when other kernels come and go or its name carries its shapes. A loop of
+    unknown trip count (-1) and a cond the grid does not decide are left out: nothing to compare."""
     seen: dict[str, int] = {}
     out: dict[str, dict[str, int]] = {}
     for call in summary.pallas_calls:
-        n = seen.get(call.name, 0)
-        seen[call.name] = n + 1
+        n = seen.get(call.key, 0)
+        seen[call.key] = n + 1
         found = {f"axis {i}": steps for i, steps in enumerate(call.grid)}
         found.update({f"loop {i}": trips for i, trips in enumerate(call.loop_trips) if trips >= 0})
         found.update({f"cond {i} branch {b}": 1 for i, taken in enumerate(call.branches) for b in taken or ()})
-        out[call.name if n == 0 else f"{call.name}#{n + 1}"] = found
+        out[call.key if n == 0 else f"{call.key}#{n + 1}"] = found
     return out
 
 

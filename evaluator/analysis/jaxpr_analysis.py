@@ -49,6 +49,7 @@ class PallasCallInfo:
     flops_per_step: float = 0.0
     f32_matmul_flops_per_step: float = 0.0  # of flops_per_step: matmuls on float32 operands
     multipass_flops_per_step: float = 0.0   # beyond flops_per_step: dots' extra MXU passes (jaxpr_cost.Cost)
+    mxu_padding_flops_per_step: float = 0.0  # and beyond those: dots' operands padded to MXU tiles
     dma_bytes_per_step: float = 0.0   # traffic analysis only
     # Memory accesses of the body per grid step, every loop iteration counted: what a run in
     # interpret mode costs (evaluator/execution/step_limits.py); at every size.
@@ -88,6 +89,14 @@ class PallasCallInfo:
     # dot_generals of the body on int8/fp8 operands ("int8 x int8 -> int32"): below a float
     # task's precision (evaluator/analysis/precision.py).
     low_precision_dots: list[str] = field(default_factory=list)
+    # What tells one kernel from another across sizes (evaluator/analysis/one_program.py,
+    # coverage.py): the body function's name, or where a pallas_call `name`, which may carry the
+    # shapes (ejkernel's "gmm_v3-g_8-m_8192-k_2048-..."), replaced it, where the body is defined.
+    body: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.body or self.name
 
     @property
     def races_possible(self) -> bool:
@@ -119,6 +128,11 @@ class PallasCallInfo:
     def multipass_flops(self) -> float:
         """Beyond `flops`: the extra MXU passes of dots at HIGH or HIGHEST precision."""
         return self.multipass_flops_per_step * self.grid_steps * self.runs
+
+    @property
+    def mxu_padding_flops(self) -> float:
+        """Beyond `flops` and `multipass_flops`: dots' operands padded to whole MXU tiles."""
+        return self.mxu_padding_flops_per_step * self.grid_steps * self.runs
 
 
 # Kernel primitives that act beside the core (a DMA in flight) or order such actions: what a
@@ -223,6 +237,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
     scratch_use, prefetch_use, dma_use = _ref_evidence(gm, kernel_jaxpr)
     return PallasCallInfo(
         name=_kernel_name(eqn),
+        body=_kernel_body(eqn),
         grid=list(grid),
         blocks=blocks,
         scratch=scratch,
@@ -234,6 +249,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         flops_per_step=step.flops,
         f32_matmul_flops_per_step=step.f32_matmul_flops,
         multipass_flops_per_step=step.multipass_flops,
+        mxu_padding_flops_per_step=step.mxu_padding_flops,
         dma_bytes_per_step=step.dma_bytes,
         accesses_per_step=accesses,
         loop_trips=loop_trips(kernel_jaxpr, trips),
@@ -326,9 +342,23 @@ def _kernel_name(eqn: Any) -> str:
     """The kernel body's function name ("matmul_kernel"), for feedback."""
     if eqn.params.get("name"):
         return str(eqn.params["name"])
+    return _body_source(eqn).split(" at ")[0] or "kernel"
+
+
+def _kernel_body(eqn: Any) -> str:
+    """The kernel's identity across sizes: its body function's name, or where a pallas_call
+    `name` replaced that (jax's debug info then reads "<name> at file:line"), where the body is
+    defined; '' where jax kept neither."""
+    src = _body_source(eqn)
+    if not eqn.params.get("name"):
+        return src.split(" at ")[0]
+    return src.rpartition(" at ")[2] if " at " in src else ""
+
+
+def _body_source(eqn: Any) -> str:
+    """jax's "<function name> at <file>:<line>" for the kernel body, '' where it kept none."""
     info = getattr(eqn.params["jaxpr"], "debug_info", None)
-    src = getattr(info, "func_src_info", None) or ""
-    return src.split(" at ")[0] or "kernel"
+    return getattr(info, "func_src_info", None) or ""
 
 
 def _all_primitives(jaxpr: Any) -> set[str]:

@@ -94,6 +94,9 @@ class Cost:
     # HIGHEST: 6) on float32 operands that are not bf16 values cast up: 2 or 5 times their
     # FLOPs, counted or heavy. XLA's cost model and our roofline price a dot once.
     multipass_flops: float = 0.0
+    # Beyond flops and multipass_flops: what dots' operands padded to whole MXU tiles cost
+    # (dot_tile_padding). Read for kernel bodies only: XLA's cost model prices the glue's dots.
+    mxu_padding_flops: float = 0.0
     # Iterations of scans and while loops (nested ones times their enclosing loops'): each
     # costs a TPU a fixed overhead that XLA's cost model leaves out (evaluator/performance/xla_cost.py).
     loop_iterations: float = 0.0
@@ -206,6 +209,21 @@ def conv_mxu_flops(eqn: Any) -> float:
     return conv_flops(eqn) * conv_dilation_share(eqn) * min(padding(1), padding(packed))
 
 
+def dot_tile_padding(eqn: Any) -> float:
+    """The MXU's work on a dot_general over its FLOPs: the MXU holds the rhs in MXU_TILE-square
+    tiles, so the contraction and the rhs's lane dim (its last free dim) run padded up to whole
+    tiles. A 64-wide attention head contracts q.k^T over half a tile and fills half of p.v's
+    output: 2x each, where a 128-wide head is 1x. The lhs's rows stream through and are not padded."""
+    (lhs_contract, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
+    lhs_shape, rhs_shape = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    contraction = math.prod(int(lhs_shape[d]) for d in lhs_contract)
+    free = [int(rhs_shape[d]) for d in range(len(rhs_shape)) if d not in (*rhs_contract, *rhs_batch)]
+    lanes = free[-1] if free else 1
+    if not contraction or not lanes:
+        return 1.0
+    return _padded(contraction) * _padded(lanes) / (contraction * lanes)
+
+
 def conv_dilation_share(eqn: Any) -> float:
     """The share of a convolution's taps that fall on its input's values, not on the zeros an
     lhs dilation (a transposed convolution's stride) puts between them: 1/4 for a 2-D stride of 2."""
@@ -305,7 +323,9 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
             cost.bytes_accessed += mult * nbytes
         if name in HEAVY_PRIMITIVES:
             if name == "dot_general":
-                cost.multipass_flops += mult * dot_flops(eqn) * (mxu_passes(eqn, cast_up) - 1)
+                passes = mxu_passes(eqn, cast_up)
+                cost.multipass_flops += mult * dot_flops(eqn) * (passes - 1)
+                cost.mxu_padding_flops += mult * dot_flops(eqn) * passes * (dot_tile_padding(eqn) - 1)
             if name == "conv_general_dilated":
                 cost.conv_flops += mult * conv_flops(eqn)
                 cost.conv_skipped_flops += mult * conv_flops(eqn) * (1 - conv_dilation_share(eqn))
@@ -346,6 +366,7 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
     into.conv_skipped_flops += worst.conv_skipped_flops
     into.conv_mxu_flops += worst.conv_mxu_flops
     into.multipass_flops += worst.multipass_flops
+    into.mxu_padding_flops += worst.mxu_padding_flops
     into.loop_iterations += worst.loop_iterations
     into.dma_bytes += max(c.dma_bytes for c in branches)
     into.accesses += max(c.accesses for c in branches)

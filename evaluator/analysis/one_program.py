@@ -7,7 +7,8 @@ refused whatever its FLOPs; a kernel that does less arithmetic than the referenc
 (an exact algebraic rewrite: sum(x @ W, 1) as x @ W.sum(0)) is checked like any other and passes.
 
 The rule, per bench case:
-- every kernel that runs there also runs at some check case of the split (by kernel name);
+- every kernel that runs there also runs at some check case of the split (by its body: a kernel's
+  name may carry its shapes);
 - at some check case, the same set of kernels runs or fewer (none is left out at bench sizes);
 - each kernel computes at least the kinds of work (matmuls, transcendentals, reductions) it
   computes at some check case: a static branch on the size that drops a matmul is a shortcut.
@@ -29,19 +30,22 @@ def work_kinds(call: PallasCallInfo) -> frozenset[str]:
 
 
 def kernels(summary: TraceSummary) -> dict[str, frozenset[str]]:
-    """Kernel name -> the union of its work kinds over the calls of that name in the program."""
+    """Kernel (PallasCallInfo.key) -> the union of its work kinds over its calls in the program."""
     out: dict[str, frozenset[str]] = {}
     for call in summary.pallas_calls:
-        out[call.name] = out.get(call.name, frozenset()) | work_kinds(call)
+        out[call.key] = out.get(call.key, frozenset()) | work_kinds(call)
     return out
 
 
 def shortcut(bench: TraceSummary, checks: Iterable[tuple[str, TraceSummary]]) -> str | None:
     """Why `bench` is not the program the check cases ran (a sentence), or None when it is."""
+    checks = list(checks)
     at_checks = [(name, kernels(s)) for name, s in checks]
     at_bench = kernels(bench)
-    for kernel, kinds in at_bench.items():
-        seen = [(name, ks[kernel]) for name, ks in at_checks if kernel in ks]
+    names = {c.key: c.name for s in (*(s for _, s in checks), bench) for c in s.pallas_calls}
+    for key, kinds in at_bench.items():
+        kernel = names[key]
+        seen = [(name, ks[key]) for name, ks in at_checks if key in ks]
         if not seen:
             return (f"kernel {kernel} runs here but at no check case, so nothing it computes is ever "
                     "compared")
@@ -52,6 +56,6 @@ def shortcut(bench: TraceSummary, checks: Iterable[tuple[str, TraceSummary]]) ->
                     f"{name}")
     if at_checks and not any(set(ks) <= set(at_bench) for _, ks in at_checks):
         name, ks = min(at_checks, key=lambda nk: len(set(nk[1]) - set(at_bench)))
-        left_out = ", ".join(sorted(set(ks) - set(at_bench)))
+        left_out = ", ".join(sorted(names[k] for k in set(ks) - set(at_bench)))
         return f"kernel(s) {left_out} of check case {name} do not run here"
     return None

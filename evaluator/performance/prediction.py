@@ -31,6 +31,7 @@ class KernelWork:
     hbm_bytes: float
     grid_steps: float  # over all its runs
     multipass_flops: float = 0.0  # beyond flops: its dots' extra MXU passes
+    mxu_padding_flops: float = 0.0  # and its dots' operands padded to whole MXU tiles
 
 
 @dataclass
@@ -56,7 +57,8 @@ class CaseInputs:
     @classmethod
     def of(cls, est: PerfEstimate, reference: Cost, xla: XlaProgramCost | str,
            glue_xla: XlaProgramCost | None = None) -> "CaseInputs":
-        return cls([KernelWork(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs, k.multipass_flops)
+        return cls([KernelWork(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs, k.multipass_flops,
+                               k.mxu_padding_flops)
                     for k in est.kernels],
                    est.glue_flops, est.glue_f32_matmul_flops, est.glue_bytes, ReferenceWork.of(reference),
                    est.ideal_bytes, xla if isinstance(xla, XlaProgramCost) else None,
@@ -109,7 +111,8 @@ def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration
     parts = {"compute": 0.0, "memory": 0.0, "step overhead": 0.0}
     total = 0.0
     for k in inputs.kernels:
-        compute = compute_time(k.flops + k.multipass_flops, k.f32_matmul_flops, gen, calibration.f32_matmul_share) / (
+        mxu_extra = k.multipass_flops + k.mxu_padding_flops
+        compute = compute_time(k.flops + mxu_extra, k.f32_matmul_flops, gen, calibration.f32_matmul_share) / (
             calibration.compute_efficiency)
         memory = k.hbm_bytes / bandwidth
         steps = k.grid_steps * calibration.grid_step_s
