@@ -1,12 +1,15 @@
 """Kernels (our tasks' solutions, or jax's own) and their XLA references timed on a real TPU,
 held against the prediction.
 
-    python benchmarks/tpu_timings.py measure --out runs/tpu/v5e.jsonl [--corpus thirdparty] [--task T ...] [--budget S]   # on a TPU host
+    python benchmarks/tpu_timings.py measure --out runs/tpu/v5e.jsonl [--corpus thirdparty|pypi] [--task T ...] [--budget S]   # on a TPU host
+    python benchmarks/tpu_timings.py build --corpus pypi   # where the wheels are: writes runs/tpu/pypi/*.py
     python benchmarks/tpu_timings.py compare runs/tpu/v5e.jsonl [MORE.jsonl] [--backend tpu-compile] [--refit [--out F]] [--plot PNG]   # anywhere
 
 `measure` times every task's solution (`--corpus solutions`, the default) or jax's own Pallas
 kernels wrapped for our tasks (`--corpus thirdparty`, tests/thirdparty.py: kernels nobody here
-wrote, so nothing was fitted on them) and the task's reference at each bench case (both splits)
+wrote, so nothing was fitted on them), or kernels from the ejkernel and tpu-inference wheels
+wrapped the same way (`--corpus pypi`, tests/thirdparty_pypi.py), and the task's reference at
+each bench case (both splits)
 on the chip this process holds, as the grader's timing stage does (evaluator/execution/handlers.py,
 `time_callable`: 3 warm-up calls, the wall time of 20, each to block_until_ready), and appends
 one JSON line per case; a rerun skips the cases already in the file. It grades nothing: a
@@ -15,17 +18,23 @@ from the reference's output on the same chip is recorded as a sanity check.
 
 `compare` joins those times with the static prediction for the chip's generation (`python -m
 evaluator estimate --split all --json`, nothing run, kept in runs/tpu/) and prints the table
-of benchmarks/perf_agreement.py for the solutions' train and held-out cases and for jax's kernels
-(the cases the grader passes): share within 2x, median predicted/measured and Spearman for the
+of benchmarks/perf_agreement.py for the solutions' train and held-out cases and for each third-party
+corpus (the cases the grader passes): share within 2x, median predicted/measured and Spearman for the
 XLA references, the kernels and their speedups, and the sign accuracy of "faster than XLA". The
 constants in use were fitted on JAXBench's v6e times only, so a generation they never saw is a
 held-out test. `--refit` also fits them on the solutions' train cases and shows what that does to
 the other sets; `--out` writes the refit where `$PALLAS_KERNEL_GYM_CALIBRATION` can name it.
+
+A third-party corpus's candidates are built into runs/tpu/<corpus>/<name>.py from the packages'
+source (jax's from the installed jax; pypi's from $PALLAS_KERNEL_GYM_WHEELS, see
+tests/thirdparty_pypi.py). Where that source is missing (a TPU host without the wheels) the files
+already there are used: build them first (`build --corpus pypi`) and copy runs/tpu/pypi/ along.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import importlib.util
 import json
 import statistics
@@ -66,17 +75,43 @@ def _kernel_of(task: Any, path: Path) -> Any:
     return next(getattr(module, name) for name in task.entry_points if callable(getattr(module, name, None)))
 
 
-def built_thirdparty(keep: Any) -> list[tuple[Any, Path]]:
-    """(entry, candidate file) for each of jax's kernels in tests/thirdparty.py that `keep(entry)`
-    accepts, built from the installed jax into runs/tpu/thirdparty/ as test_thirdparty grades them."""
-    from tests.thirdparty import CORPUS, build_source
+# Third-party corpora: --corpus name -> (module with CORPUS, BY_NAME and build_source, the name of
+# its set in `compare`). Their entries' names are distinct, so a row's kernel names its corpus.
+CORPORA = {
+    "thirdparty": ("tests.thirdparty", "jax's kernels, all cases"),
+    "pypi": ("tests.thirdparty_pypi", "ejkernel/tpu-inference kernels, all cases"),
+}
 
-    folder = ESTIMATES / "thirdparty"
+
+def corpus_module(corpus: str) -> Any:
+    return importlib.import_module(CORPORA[corpus][0])
+
+
+def corpus_of(kernel: str) -> str:
+    """The third-party corpus whose entry is named `kernel`."""
+    found = [c for c in CORPORA if kernel in corpus_module(c).BY_NAME]
+    if not found:
+        raise SystemExit(f"{kernel!r} is no entry of {', '.join(m for m, _ in CORPORA.values())}")
+    return found[0]
+
+
+def built_thirdparty(keep: Any, corpus: str = "thirdparty") -> list[tuple[Any, Path]]:
+    """(entry, candidate file) for each entry of a third-party corpus that `keep(entry)` accepts,
+    built into runs/tpu/<corpus>/ as tests/test_thirdparty*.py grade them. Where the kernels'
+    source is not here (a TPU host without the wheels), a file already built there is used."""
+    from tests.thirdparty import SourceUnavailable
+
+    module = corpus_module(corpus)
+    folder = ESTIMATES / corpus
     folder.mkdir(parents=True, exist_ok=True)
     built = []
-    for entry in filter(keep, CORPUS):
+    for entry in filter(keep, module.CORPUS):
         path = folder / f"{entry.name}.py"
-        path.write_text(build_source(entry))
+        try:
+            path.write_text(module.build_source(entry))
+        except SourceUnavailable as exc:
+            if not path.is_file():
+                raise SystemExit(f"{entry.name}: {exc}; or build {path} elsewhere and copy it here") from exc
         built.append((entry, path))
     return built
 
@@ -89,7 +124,8 @@ def kernels_to_time(corpus: str, names: list[str] | None) -> list[tuple[str, Any
     chosen = lambda task: names is None or task in names  # noqa: E731
     if corpus == "solutions":
         return [(SOLUTION, t, Path(t.solution_path)) for t in by_name.values() if chosen(t.name)]
-    return [(entry.name, by_name[entry.task], path) for entry, path in built_thirdparty(lambda e: chosen(e.task))]
+    return [(entry.name, by_name[entry.task], path)
+            for entry, path in built_thirdparty(lambda e: chosen(e.task), corpus)]
 
 
 def largest_difference(got: Any, want: Any) -> float:
@@ -173,23 +209,23 @@ def predictions(generation: str, backend: str, kernels: set[str]) -> dict[tuple[
     common = ["--tpu", generation, "--backend", backend]
     tag = f"{generation}-{backend}"
     runs = [(SOLUTION, ESTIMATES / f"solutions-{tag}-estimate.jsonl", common)]
-    for entry, source in built_thirdparty(lambda e: e.name in kernels):
-        runs.append((entry.name, ESTIMATES / f"{entry.name}-{tag}-estimate.jsonl",
-                     [*common, "--task", entry.task, "--candidate", str(source)]))
+    for corpus in CORPORA:
+        for entry, source in built_thirdparty(lambda e: e.name in kernels, corpus):
+            runs.append((entry.name, ESTIMATES / f"{entry.name}-{tag}-estimate.jsonl",
+                         [*common, "--task", entry.task, "--candidate", str(source)]))
     return {(kernel, r["task"], case): CaseInputs.from_dict(c["inputs"])
             for kernel, path, args in runs for r in _estimated(path, args)
             for case, c in (r.get("cases") or {}).items()}
 
 
 def graded_correct(row: dict[str, Any]) -> bool:
-    """A solution, or one of jax's kernels on a split and dtype its entry in tests/thirdparty.py
-    expects `correct` (test_thirdparty holds the grader to it): the speed of a kernel the grader
+    """A solution, or a third-party kernel on a split and dtype its corpus entry expects
+    `correct` (tests/test_thirdparty*.py hold the grader to it): the speed of a kernel the grader
     refuses is not a speed anyone would be paid for."""
     if row.get("kernel", SOLUTION) == SOLUTION:
         return True
-    from tests.thirdparty import BY_NAME
-
-    return BY_NAME[row["kernel"]].expected_correct(row["split"], row["dtype"])
+    kernel = row["kernel"]
+    return corpus_module(corpus_of(kernel)).BY_NAME[kernel].expected_correct(row["split"], row["dtype"])
 
 
 def timed_samples(rows: list[dict[str, Any]], predicted: dict[tuple[str, str, str], CaseInputs]) -> list[Sample]:
@@ -216,12 +252,14 @@ def compare(paths: list[Path], backend: str, refit: bool, out: Path | None, plot
     theirs = [r for r in rows if r.get("kernel", SOLUTION) != SOLUTION]
     sets = {f"{split} cases": timed_samples([r for r in solutions if r["split"] == split], predicted)
             for split in ("train", "heldout")}
-    if theirs:  # nobody here wrote them, and nothing was fitted on them: held out at every case
-        sets["jax's kernels, all cases"] = timed_samples([r for r in theirs if graded_correct(r)], predicted)
+    for corpus, (_, label) in CORPORA.items():  # nobody here wrote them, nothing was fitted on them
+        rows_of = [r for r in theirs if corpus_of(r["kernel"]) == corpus and graded_correct(r)]
+        if rows_of:
+            sets[label] = timed_samples(rows_of, predicted)
     sets = {name: samples for name, samples in sets.items() if samples}
     if refit and "train cases" not in sets:
         raise SystemExit("--refit fits on the solutions' train cases: give their timings too")
-    loaded = calib.load()
+    loaded = calib.load(compiled=backend == "tpu-compile")  # the constants the grader uses on that path
     constants = {"in use": loaded}
     if refit:  # fitted on the train cases alone: the other sets' rows are a test of the refit
         constants[f"refit on {gen.name} train cases"] = fit(
@@ -231,7 +269,7 @@ def compare(paths: list[Path], backend: str, refit: bool, out: Path | None, plot
     refused = sum(1 for r in theirs if "kernel_s" in r and not graded_correct(r))
     print(f"{sum(map(len, sets.values()))} cases timed on {gen.name} ({rows[0]['device_kind']}, jax {rows[0]['jax']}), "
           f"predicted on {backend}; {sum(1 for r in rows if 'error' in r)} failed to run"
-          + (f", {refused} cases of jax's kernels left out (the grader does not pass them)" if theirs else "")
+          + (f", {refused} cases of third-party kernels left out (the grader does not pass them)" if theirs else "")
           + f"; constants in use fitted on: {loaded.fitted_on or 'nothing'}\n")
     print(table(sets, constants, gen))
     if refit:
@@ -250,15 +288,25 @@ def compare(paths: list[Path], backend: str, refit: bool, out: Path | None, plot
     return 0
 
 
+def build(corpus: str) -> int:
+    """Write a third-party corpus's candidates to runs/tpu/<corpus>/, to carry to a TPU host."""
+    for entry, path in built_thirdparty(lambda e: True, corpus):
+        print(f"{path}  ({entry.task})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="on a TPU host: time every solution and reference at its bench cases")
     m.add_argument("--out", type=Path, required=True, help="JSONL of timings, appended to (a rerun resumes)")
-    m.add_argument("--corpus", choices=("solutions", "thirdparty"), default="solutions",
-                   help="whose kernels: the tasks' solutions, or jax's own (tests/thirdparty.py)")
+    m.add_argument("--corpus", choices=("solutions", *CORPORA), default="solutions",
+                   help="whose kernels: the tasks' solutions, jax's own (thirdparty: tests/thirdparty.py), "
+                        "or ejkernel's and tpu-inference's (pypi: tests/thirdparty_pypi.py)")
     m.add_argument("--task", action="append", default=None, help="only this task (repeatable)")
     m.add_argument("--budget", type=float, default=float("inf"), help="stop starting cases after S seconds")
+    b = sub.add_parser("build", help="write a third-party corpus's candidates to runs/tpu/<corpus>/")
+    b.add_argument("--corpus", choices=tuple(CORPORA), required=True)
     c = sub.add_parser("compare", help="hold the timings against the static prediction")
     c.add_argument("timings", type=Path, nargs="+", help="JSONL written by measure (one generation)")
     c.add_argument("--backend", choices=("tpu-interpret", "tpu-compile"), default="tpu-interpret",
@@ -271,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "measure":
         return measure(args.out, args.corpus, args.task, args.budget)
+    if args.command == "build":
+        return build(args.corpus)
     return compare(args.timings, args.backend, args.refit, args.out, args.plot, args.json)
 
 

@@ -25,6 +25,7 @@ a jax upgrade that moves things is noticed rather than silently graded different
 from __future__ import annotations
 
 import importlib.util
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class Rewrite:
     new: str
     reason: str
     required: bool = True
+    module: str = ""  # only in this one of an entry's source_modules (default: in every one)
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,16 @@ class ThirdPartyKernel:
 
     name: str
     task: str
-    source_modules: tuple[str, ...]  # paths under jax/experimental/pallas/ops/tpu/, inlined in order
+    source_modules: tuple[str, ...]  # paths under `root`, inlined in order
     wrapper: str  # our code, appended after the inlined modules; defines kernel(...)
     splits_expected_correct: tuple[str, ...]  # graded `correct` on these splits...
     dtypes_expected_correct: tuple[str, ...] = ("float32", "bfloat16")  # ...on these dtypes' cases
     expected_failures: tuple[tuple[str, str], ...] = ()  # (split, status) the grader must give
     note: str = ""  # why a split or dtype is not expected correct
     rewrites: tuple[Rewrite, ...] = ()  # applied to every inlined module, after _REWRITES_ALWAYS
+    # Where source_modules live: a folder path that starts with its top-level package's name,
+    # found by `source_dir` (jax's pallas/ops/tpu unless an entry names another package).
+    root: str = "jax/experimental/pallas/ops/tpu"
 
     def expected_correct(self, split: str, dtype: str) -> bool:
         """Whether the grader must grade this kernel's cases of `split` and `dtype` correct."""
@@ -72,6 +77,15 @@ _REWRITES_ALWAYS = (
 
 PALLAS_TPU_OPS = "jax/experimental/pallas/ops/tpu"
 
+# Folders, separated by os.pathsep, that hold unpacked wheels (each folder has the package
+# folder and its *.dist-info side by side, as `unzip x.whl -d FOLDER` leaves them): where a
+# corpus of kernels from a package that is not installed (tests/thirdparty_pypi.py) is read.
+WHEELS_ENV = "PALLAS_KERNEL_GYM_WHEELS"
+
+
+class SourceUnavailable(RuntimeError):
+    """An entry's package is neither installed nor in $PALLAS_KERNEL_GYM_WHEELS."""
+
 
 def ops_dir() -> Path:
     """The installed jax's pallas/ops/tpu folder (located, never imported from this repo)."""
@@ -81,28 +95,79 @@ def ops_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]).parent / PALLAS_TPU_OPS
 
 
+def _package_parent(package: str) -> Path:
+    """The folder holding `package`: an installed one (located, not imported), else the first
+    unpacked wheel in $PALLAS_KERNEL_GYM_WHEELS that has it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0]).parent
+    for folder in filter(None, os.environ.get(WHEELS_ENV, "").split(os.pathsep)):
+        if (Path(folder) / package).is_dir():
+            return Path(folder)
+    raise SourceUnavailable(f"{package} is not installed, nor in ${WHEELS_ENV} "
+                            f"({os.environ.get(WHEELS_ENV, 'unset')}): pip download --no-deps it "
+                            f"and unzip the wheel into a folder named there")
+
+
+def source_dir(root: str) -> Path:
+    """The folder an entry's `root` names (jax's pallas/ops/tpu is found as it always was)."""
+    if root == PALLAS_TPU_OPS:
+        return ops_dir()
+    return _package_parent(root.split("/")[0]) / root
+
+
+def package_version(package: str) -> str:
+    """The version of the package a root is read from: its *.dist-info beside it, or the
+    installed distribution's."""
+    if package == "jax":
+        return jax_version()
+    metadata = sorted(_package_parent(package).glob(f"{package}-*.dist-info/METADATA"))
+    for line in (metadata[0].read_text().splitlines() if metadata else ()):
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    from importlib.metadata import version
+
+    return version(package.replace("_", "-"))
+
+
 def jax_version() -> str:
     from importlib.metadata import version
 
     return version("jax")
 
 
+def _credit(entry: ThirdPartyKernel) -> str:
+    """The header's provenance lines: which package, version and modules, and whose they are."""
+    if entry.root == PALLAS_TPU_OPS:
+        return (f"# from the installed jax {jax_version()}: " + ", ".join(entry.source_modules) + "\n"
+                "# (Copyright The JAX Authors, Apache-2.0), followed by a wrapper of ours.\n")
+    package = entry.root.split("/")[0]
+    return (f"# from {package} {package_version(package)}, {entry.root}/: " + ", ".join(entry.source_modules)
+            + f"\n# (Copyright the {package} authors, Apache-2.0), followed by a wrapper of ours.\n")
+
+
 def build_source(entry: ThirdPartyKernel) -> str:
-    """The candidate: jax's kernel module(s), rewritten as listed, then the entry's wrapper."""
+    """The candidate: the kernel module(s), rewritten as listed, then the entry's wrapper."""
     parts = [
         "from __future__ import annotations\n",
         f"# Built at test time by tests/thirdparty.py (entry {entry.name!r}, task {entry.task!r})\n"
-        f"# from the installed jax {jax_version()}: " + ", ".join(entry.source_modules) + "\n"
-        "# (Copyright The JAX Authors, Apache-2.0), followed by a wrapper of ours.\n",
+        + _credit(entry),
     ]
+    folder = source_dir(entry.root)
     for module in entry.source_modules:
-        text = (ops_dir() / module).read_text()
+        text = (folder / module).read_text()
         for rw in (*_REWRITES_ALWAYS, *entry.rewrites):
+            if rw.module and rw.module != module:
+                continue
             if rw.required and rw.old not in text:
+                package = entry.root.split("/")[0]
                 raise RuntimeError(f"{entry.name}: rewrite target {rw.old!r} not found in {module} "
-                                   f"(jax {jax_version()}); reason it existed: {rw.reason}")
+                                   f"({package} {package_version(package)}); reason it existed: {rw.reason}")
             text = text.replace(rw.old, rw.new)
-        parts.append(f"\n# ---- inlined: {PALLAS_TPU_OPS}/{module} ----\n{text}")
+        parts.append(f"\n# ---- inlined: {entry.root}/{module} ----\n{text}")
     parts.append(f"\n# ---- wrapper (pallas-kernel-gym) ----\n{textwrap.dedent(entry.wrapper).strip()}\n")
     return "".join(parts)
 
@@ -129,6 +194,22 @@ def _tile(dim, align, target):
     return block, padded
 '''
 
+# For flash kernels that take (batch, heads, seq, dim) and the inlined module's SegmentIds.
+_PAD_SEQUENCE = '''
+
+def _pad_sequence(q, k, v, sp):
+    """q, k, v zero-padded along the sequence to sp, and segment ids that mask the padded keys
+    (real tokens id 0, padding id 1: no real query sees a padded key, and every padded query has
+    padded keys to see, so no row is empty); None where nothing is padded."""
+    b, s = q.shape[0], q.shape[2]
+    if sp == s:
+        return q, k, v, None
+    pad = ((0, 0), (0, 0), (0, sp - s), (0, 0))
+    ids = jnp.broadcast_to((jnp.arange(sp) >= s).astype(jnp.int32), (b, sp))
+    q, k, v = (jnp.pad(x, pad) for x in (q, k, v))
+    return q, k, v, SegmentIds(q=ids, kv=ids)
+'''
+
 _MATMUL = _HELPERS + '''
 
 def kernel(x, y):
@@ -150,7 +231,7 @@ def kernel(x, y):
 
 
 def _flash_fwd(causal: bool) -> str:
-    return _HELPERS + f'''
+    return _HELPERS + _PAD_SEQUENCE + f'''
 
 CAUSAL = {causal}
 
@@ -158,16 +239,10 @@ CAUSAL = {causal}
 def kernel(q, k, v):
     """jax's flash attention forward. Its KV blocks must divide the sequence and be multiples
     of 128, so a sequence that is not a multiple of 128 is zero-padded and the padded keys are
-    masked with its own segment ids (real tokens id 0, padding id 1: no real query sees a
-    padded key, and every padded query has padded keys to see, so no row is empty)."""
+    masked with its own segment ids (_pad_sequence)."""
     b, h, s, d = q.shape
     block, sp = _tile(s, 128, 512)
-    segment_ids = None
-    if sp != s:
-        pad = ((0, 0), (0, 0), (0, sp - s), (0, 0))
-        q, k, v = (jnp.pad(x, pad) for x in (q, k, v))
-        ids = jnp.broadcast_to((jnp.arange(sp) >= s).astype(jnp.int32), (b, sp))
-        segment_ids = SegmentIds(q=ids, kv=ids)
+    q, k, v, segment_ids = _pad_sequence(q, k, v, sp)
     block_k = min(block, 128)
     sizes = BlockSizes(block_q=block, block_k_major=block, block_k=block_k, block_b=1)
     o = flash_attention(q, k, v, segment_ids=segment_ids, causal=CAUSAL, sm_scale=d ** -0.5,
