@@ -13,7 +13,6 @@ HBM bandwidth moved (read + write) as a share of the generation's peak.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -48,12 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from evaluator.performance.hardware import GENERATIONS
     from jaxbench_timings import call_timings
-    from tpu_timings import generation_of
+    from tpu_timings import this_chip, write_rows
 
-    kind = jax.devices()[0].device_kind
-    gen = GENERATIONS[generation_of(kind)]
+    kind, gen = this_chip()
     x = jnp.ones((ROWS, COLS), jnp.float32)
     moved = 2 * x.nbytes
     programs = [("xla", None, jax.jit(lambda x: x * 2))] + [
@@ -72,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{name:<20}{(row['block_bytes'] or 0) / 1024:>10.0f}{row['grid_steps'] or 1:>8}"
               f"{row['median_ms']:>11.3f}{row['pipelined_ms']:>9.3f}{row['share_of_peak']:>7.2f}", flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_rows(args.out, rows)
     return 0
 
 

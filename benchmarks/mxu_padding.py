@@ -13,7 +13,6 @@ generation's peak. If the MXU runs the contraction of q k^T and the output lanes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -54,12 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from evaluator.performance.hardware import GENERATIONS
     from jaxbench_timings import call_timings
-    from tpu_timings import generation_of
+    from tpu_timings import this_chip, write_rows
 
-    kind = jax.devices()[0].device_kind
-    gen = GENERATIONS[generation_of(kind)]
+    kind, gen = this_chip()
     key = jax.random.key(0)
     programs = []
     for d in HEAD_DIMS:
@@ -80,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{name:<28}{flops / 1e9:>8.1f}{row['median_ms']:>11.3f}{row['pipelined_ms']:>9.3f}"
               f"{row['share_of_peak']:>7.2f}", flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_rows(args.out, rows)
     return 0
 
 

@@ -64,6 +64,21 @@ def generation_of(device_kind: str) -> str:
     return found[0]
 
 
+def this_chip() -> tuple[str, Any]:
+    """(device kind, our TpuGeneration) of the chip this process holds."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    return kind, GENERATIONS[generation_of(kind)]
+
+
+def write_rows(path: Path | None, rows: list[dict[str, Any]]) -> None:
+    """The rows as JSON lines at `path` (a microbenchmark's --out), if one is given."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 SOLUTION = "solution"  # the `kernel` of a row that times a task's own solution
 
 
@@ -97,7 +112,7 @@ def corpus_of(kernel: str) -> str:
 
 def built_thirdparty(keep: Any, corpus: str = "thirdparty") -> list[tuple[Any, Path]]:
     """(entry, candidate file) for each entry of a third-party corpus that `keep(entry)` accepts,
-    built into runs/tpu/<corpus>/ as tests/test_thirdparty*.py grade them. Where the kernels'
+    built into runs/tpu/<corpus>/ as tests/test_thirdparty.py grades them. Where the kernels'
     source is not here (a TPU host without the wheels), a file already built there is used."""
     from tests.thirdparty import SourceUnavailable
 
@@ -146,8 +161,7 @@ def measure(out: Path, corpus: str, names: list[str] | None, budget_s: float) ->
 
     from evaluator.execution.handlers import time_callable
 
-    device = jax.devices()[0]
-    generation = generation_of(device.device_kind)
+    kind, generation = this_chip()
     done = set()
     if out.is_file():
         done = {(r.get("kernel", SOLUTION), r["task"], r["case"])
@@ -168,8 +182,8 @@ def measure(out: Path, corpus: str, names: list[str] | None, budget_s: float) ->
                 print(f"budget of {budget_s:.0f} s spent after {timed} cases: rerun to go on", flush=True)
                 return 0
             row: dict[str, Any] = {"kernel": label, "task": task.name, "case": case.name, "split": case.split,
-                                   "dtype": case.dtype, "generation": generation,
-                                   "device_kind": device.device_kind, "jax": jax.__version__,
+                                   "dtype": case.dtype, "generation": generation.name,
+                                   "device_kind": kind, "jax": jax.__version__,
                                    "warmup": WARMUP, "iters": ITERS}
             try:
                 if (label, task.name) not in compiled:
@@ -188,7 +202,7 @@ def measure(out: Path, corpus: str, names: list[str] | None, budget_s: float) ->
                        f"XLA {statistics.median(row['reference_s']) * 1e3:.3f} ms"
                        if "largest_difference" in row else row["error"][:160])
             print(f"{label} {task.name}/{case.name}: {figures} ({time.perf_counter() - start:.0f} s)", flush=True)
-    print(f"{timed} cases timed on {device.device_kind} in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"{timed} cases timed on {kind} in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 
 
@@ -220,7 +234,7 @@ def predictions(generation: str, backend: str, kernels: set[str]) -> dict[tuple[
 
 def graded_correct(row: dict[str, Any]) -> bool:
     """A solution, or a third-party kernel on a split and dtype its corpus entry expects
-    `correct` (tests/test_thirdparty*.py hold the grader to it): the speed of a kernel the grader
+    `correct` (tests/test_thirdparty.py holds the grader to it): the speed of a kernel the grader
     refuses is not a speed anyone would be paid for."""
     if row.get("kernel", SOLUTION) == SOLUTION:
         return True
