@@ -85,6 +85,24 @@ def test_the_kernel_side_adds_steps_glue_and_the_calls_dispatch():
     assert dispatched == pytest.approx(MIN_CALL_S + 5e-5) and why == "dispatch"  # an empty program still costs its call
 
 
+def test_a_kernels_dmas_pay_their_latency_and_rate_and_the_glue_its_own():
+    """Two kernels moving the same bytes, one in 1000 DMAs and one in 10: the first pays 990 more
+    DMA latencies. A kernel's DMAs stream at `dma_efficiency` of the bandwidth where it is set,
+    the glue at `hbm_efficiency` (measured on a v5e: a pipelined copy reaches 0.89 of it, where
+    the fit of the glue's figure also pays for what our count of the glue misses)."""
+    def inputs(dmas: float) -> CaseInputs:
+        return CaseInputs([KernelWork(0.0, 0.0, 1e9, grid_steps=10, dmas=dmas)], glue_flops=0.0,
+                          glue_f32_matmul_flops=0.0, glue_bytes=1e9, reference=ReferenceWork(1.0, 0.0, 0),
+                          ideal_bytes=1e9, xla=None)
+
+    c = Calibration(grid_step_s=0.0, dma_latency_s=1e-7, dma_efficiency=0.8, hbm_efficiency=0.5)
+    many, few = kernel_time(inputs(1000), GEN, c)[0], kernel_time(inputs(10), GEN, c)[0]
+    assert many - few == pytest.approx(990 * 1e-7)
+    assert few == pytest.approx(1e9 / (0.8 * GEN.hbm_bytes_per_s) + 10 * 1e-7 + 1e9 / (0.5 * GEN.hbm_bytes_per_s))
+    unset = kernel_time(inputs(10), GEN, dataclasses.replace(c, dma_efficiency=None))[0]
+    assert unset == pytest.approx(2e9 / (0.5 * GEN.hbm_bytes_per_s) + 10 * 1e-7)  # the one figure for both
+
+
 def _cost_of(fn, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> Cost:
     """Our count of fn(x, w) on bf16 operands of these shapes (traced, never run)."""
     import jax
@@ -446,17 +464,18 @@ def workload(a, b):
 """
 
 
-def test_dma_bandwidth_is_measured_on_a_tpu_only(tmp_path):
-    """benchmarks/dma_bandwidth.py's figures are a chip's: on this CPU it says so in one line
-    and writes nothing."""
+@pytest.mark.parametrize("script, args", [("dma_bandwidth", []), ("grid_step_cost", ["measure"])])
+def test_microbenchmarks_are_measured_on_a_tpu_only(tmp_path, script, args):
+    """benchmarks/dma_bandwidth.py's and grid_step_cost.py's figures are a chip's: on this CPU
+    they say so in one line and write nothing."""
+    import importlib
     import sys
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from dma_bandwidth import main
-
+    main = importlib.import_module(script).main
     with pytest.raises(SystemExit, match="no TPU generation of ours is a 'cpu'"):
-        main(["--out", str(tmp_path / "dma.jsonl")])
-    assert not (tmp_path / "dma.jsonl").exists()
+        main([*args, "--out", str(tmp_path / "rows.jsonl")])
+    assert not (tmp_path / "rows.jsonl").exists()
 
 
 def test_kernels_timed_again_on_a_chip_are_read_in_their_results_shape(tmp_path):

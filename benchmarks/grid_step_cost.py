@@ -1,0 +1,299 @@
+"""What a Pallas kernel's grid step and each of its DMAs cost beside its bytes and its compute:
+the measurement behind the kernel-side constants of the speed prediction
+(evaluator/performance/prediction.py, `kernel_time`).
+
+    python benchmarks/grid_step_cost.py measure [--out F.jsonl]    # on a TPU host
+    python benchmarks/grid_step_cost.py fit F.jsonl [COPY.jsonl]      # anywhere: the constants
+
+Four families of small kernels written here, each timed as jaxbench_timings.py times
+(`call_timings`, the back-to-back figure kept):
+- steps alone: a (8, 128) float32 block that never changes index, added to at every step;
+- reads alone: blocks streamed in and summed into one resident (8, 128) output;
+- writes alone: one resident input block written out to every block of the output;
+- vector work: a multiply-add, or an exp, looped over a resident block (the VPU's and EUP's rates);
+- tiled matmuls: out = x @ w over (bm, K) x (K, bn) blocks, float32 with small K (the output's
+  writes and w's re-reads bound it, as in JAXBench's tall-skinny and small-K matmuls), and
+  bfloat16 with the contraction in the grid (the MXU bound) at several block sizes.
+Each row names the family and its parameters. `fit` rebuilds each kernel, traces it here (no
+TPU needed) for the speed model's own counts (grid steps, HBM bytes, DMAs, FLOPs), and fits the
+kernel-side constants (`KERNEL_CONSTANTS`) to the back-to-back times, with the copy kernels of
+benchmarks/dma_bandwidth.py where their rows are given too; it prints each kernel's predicted over
+measured time.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+STREAM_ROWS, STREAM_COLS = 8192, 8192  # float32: 256 MiB streamed by the reads and the writes
+STREAM_BLOCKS = [(8, 128), (8, 512), (32, 512), (128, 512), (256, 1024), (512, 2048)]
+STEPS_ALONE = 65536
+SMALL_K = (64, 256)
+SMALL_K_SIZE = 8192  # M = N
+SMALL_K_BLOCKS = [(128, 128), (256, 256), (512, 512), (128, 1024), (1024, 128), (1024, 1024)]
+MXU_SIZE = 4096  # M = N = K, bfloat16
+VECTOR_BLOCK, VECTOR_STEPS, VECTOR_ITERS = (512, 1024), 256, 64  # resident float32 block, no DMA
+MXU_BLOCKS = [(128, 128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 2048), (1024, 1024, 1024)]
+
+
+def _params(dims: int) -> Any:
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=("arbitrary",) * dims, vmem_limit_bytes=100 << 20)
+
+
+def steps_alone() -> tuple[Callable, list[Any]]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def body(x_ref, o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = x_ref[...]
+
+        o_ref[...] += 1.0
+
+    spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
+    fn = jax.jit(lambda x: pl.pallas_call(body, grid=(STEPS_ALONE,), in_specs=[spec], out_specs=spec,
+                                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                          compiler_params=_params(1))(x))
+    return fn, [jnp.zeros((8, 128), jnp.float32)]
+
+
+def reads(block: tuple[int, int]) -> tuple[Callable, list[Any]]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def body(x_ref, o_ref):
+        @pl.when((pl.program_id(0) == 0) & (pl.program_id(1) == 0))
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        x = x_ref[...]
+        o_ref[...] += x.reshape(-1, 8, x.shape[-1]).sum(axis=0)[:, :128]
+
+    grid = (STREAM_ROWS // block[0], STREAM_COLS // block[1])
+    fn = jax.jit(lambda x: pl.pallas_call(
+        body, grid=grid, in_specs=[pl.BlockSpec(block, lambda i, j: (i, j))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, j: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype), compiler_params=_params(2))(x))
+    return fn, [jnp.ones((STREAM_ROWS, STREAM_COLS), jnp.float32)]
+
+
+def writes(block: tuple[int, int]) -> tuple[Callable, list[Any]]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + pl.program_id(1).astype(jnp.float32)
+
+    grid = (STREAM_ROWS // block[0], STREAM_COLS // block[1])
+    fn = jax.jit(lambda x: pl.pallas_call(
+        body, grid=grid, in_specs=[pl.BlockSpec(block, lambda i, j: (0, 0))],
+        out_specs=pl.BlockSpec(block, lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((STREAM_ROWS, STREAM_COLS), x.dtype), compiler_params=_params(2))(x))
+    return fn, [jnp.ones(block, jnp.float32)]
+
+
+def small_k_matmul(k: int, block: tuple[int, int]) -> tuple[Callable, list[Any]]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def body(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+    bm, bn = block
+    n = SMALL_K_SIZE
+    fn = jax.jit(lambda x, w: pl.pallas_call(
+        body, grid=(n // bm, n // bn),
+        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)), pl.BlockSpec((k, bn), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((n, n), jnp.float32), compiler_params=_params(2))(x, w))
+    key = jax.random.key(0)
+    return fn, [jax.random.normal(key, (n, k), jnp.float32), jax.random.normal(key, (k, n), jnp.float32)]
+
+
+def mxu_matmul(block: tuple[int, int, int]) -> tuple[Callable, list[Any]]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, w_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    bm, bn, bk = block
+    n = MXU_SIZE
+    fn = jax.jit(lambda x, w: pl.pallas_call(
+        body, grid=(n // bm, n // bn, n // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, k: (i, k)), pl.BlockSpec((bk, bn), lambda i, j, k: (k, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((n, n), jnp.bfloat16),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)], compiler_params=_params(3))(x, w))
+    key = jax.random.key(0)
+    return fn, [jax.random.normal(key, (n, n), jnp.bfloat16)] * 2
+
+
+def vector_work(op: str) -> tuple[Callable, list[Any]]:
+    """`op` ("fma": x * a + b, "exp") applied VECTOR_ITERS times to a resident block at each
+    step: the vector units' (or, for exp, the transcendental unit's) rate, no DMA in the way."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    step = (lambda x: x * 0.999 + 0.001) if op == "fma" else (lambda x: jnp.exp(x) - 1.0)
+
+    def body(x_ref, o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = x_ref[...]
+
+        o_ref[...] = jax.lax.fori_loop(0, VECTOR_ITERS, lambda i, x: step(x), o_ref[...])
+
+    spec = pl.BlockSpec(VECTOR_BLOCK, lambda i: (0, 0))
+    fn = jax.jit(lambda x: pl.pallas_call(body, grid=(VECTOR_STEPS,), in_specs=[spec], out_specs=spec,
+                                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                          compiler_params=_params(1))(x))
+    return fn, [jnp.zeros(VECTOR_BLOCK, jnp.float32)]
+
+
+def kernels() -> list[tuple[dict[str, Any], Callable[[], tuple[Callable, list[Any]]]]]:
+    """(row fields naming the kernel, a builder of (jitted function, inputs)), in the order timed."""
+    out: list[tuple[dict[str, Any], Callable[[], tuple[Callable, list[Any]]]]] = [
+        ({"family": "steps alone", "steps": STEPS_ALONE}, steps_alone)]
+    out += [({"family": "reads", "block": list(b)}, lambda b=b: reads(b)) for b in STREAM_BLOCKS]
+    out += [({"family": "writes", "block": list(b)}, lambda b=b: writes(b)) for b in STREAM_BLOCKS]
+    out += [({"family": "small-K f32 matmul", "k": k, "block": list(b)}, lambda k=k, b=b: small_k_matmul(k, b))
+            for k in SMALL_K for b in SMALL_K_BLOCKS]
+    out += [({"family": "bf16 matmul", "block": list(b)}, lambda b=b: mxu_matmul(b)) for b in MXU_BLOCKS]
+    out += [({"family": f"vector {op}", "iterations": VECTOR_ITERS}, lambda op=op: vector_work(op))
+            for op in ("fma", "exp")]
+    return out
+
+
+KERNEL_CONSTANTS = ("grid_step_s", "dma_latency_s", "dma_efficiency", "compute_efficiency")
+FITTED = KERNEL_CONSTANTS[1:]  # grid_step_s is measured alone: the steps-alone kernel's time per step
+
+
+def _kernel_work(fn: Callable, inputs: list[Any], gen: Any) -> Any:
+    """The speed model's counts of the one kernel in fn(*inputs), traced (never run)."""
+    import jax
+
+    from evaluator.analysis.jaxpr_analysis import summarize
+    from evaluator.performance.perf_model import kernel_estimate
+    from evaluator.performance.prediction import KernelWork
+
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inputs]
+    (call,) = summarize(jax.make_jaxpr(fn)(*specs), traffic=True).pallas_calls
+    return KernelWork.of(kernel_estimate(call, gen))
+
+
+def fit_rows(paths: list[Path]) -> int:
+    import json
+
+    import jax.numpy as jnp
+    from dma_bandwidth import COLS, ROWS, copy_kernel
+    from tpu_timings import generation_of
+
+    from evaluator.performance import calibration as calib
+    from evaluator.performance.fit import Sample, fit
+    from evaluator.performance.hardware import GENERATIONS
+    from evaluator.performance.prediction import CaseInputs, kernel_time
+    from evaluator.performance.xla_cost import ReferenceWork
+
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    kinds = {r["device_kind"] for r in rows}
+    if len(kinds) != 1:
+        raise SystemExit(f"{', '.join(map(str, paths))} hold timings of {len(kinds)} kinds of chip: one at a time")
+    gen = GENERATIONS[generation_of(kinds.pop())]
+    builders = {json.dumps(fields, sort_keys=True): build for fields, build in kernels()}
+    samples, vector = [], []
+    for r in rows:
+        if "error" in r or r.get("program") == "xla":
+            continue
+        if r.get("family", "").startswith("vector"):
+            vector.append(r)
+            continue
+        if "family" in r:
+            fields = {k: v for k, v in r.items() if k not in ("device_kind", "median_ms", "pipelined_ms")}
+            name, (fn, inputs) = " ".join(map(str, fields.values())), builders[json.dumps(fields, sort_keys=True)]()
+        else:  # a copy kernel of dma_bandwidth.py
+            name, fn, inputs = f"copy {r['block']}", copy_kernel(tuple(r["block"])), [jnp.zeros((ROWS, COLS), jnp.float32)]
+        work = _kernel_work(fn, inputs, gen)
+        samples.append(Sample(name, "microbenchmark", CaseInputs(
+            [work], 0.0, 0.0, 0.0, ReferenceWork(0.0, 0.0, 0), 0.0, None, "a microbenchmark"),
+            kernel_s=r["pipelined_ms"] / 1e3))
+    alone = next((s for s in samples if s.name.startswith("steps alone")), None)
+    if alone is None:
+        raise SystemExit(f"{', '.join(map(str, paths))} have no steps-alone row: grid_step_cost.py measure writes one")
+    # Back-to-back times: no host wait between calls.
+    start = calib.Calibration(dispatch_s=0.0, grid_step_s=alone.kernel_s / alone.inputs.kernels[0].grid_steps)
+    fitted = fit(samples, gen, start, FITTED, fitted_on=f"{len(samples)} microbenchmarks on {gen.name}")
+    print(f"{'kernel':<44}{'steps':>8}{'DMAs':>8}{'MiB':>8}{'ms':>9}{'predicted / measured':>22}")
+    for s in samples:
+        (work,) = s.inputs.kernels
+        predicted = kernel_time(s.inputs, gen, fitted)[0]
+        print(f"{s.name:<44}{work.grid_steps:>8.0f}{work.dmas:>8.0f}{work.hbm_bytes / 2**20:>8.0f}"
+              f"{s.kernel_s * 1e3:>9.3f}{predicted / s.kernel_s:>22.2f}")
+    print("fitted: " + ", ".join(f"{name} {getattr(fitted, name):.3g}" for name in KERNEL_CONSTANTS))
+    for r in vector:  # not fitted: the model prices a kernel's vector work at the MXU's rate
+        flops = 2.0 * VECTOR_BLOCK[0] * VECTOR_BLOCK[1] * VECTOR_ITERS * VECTOR_STEPS
+        print(f"{r['family']}: {flops / (r['pipelined_ms'] / 1e3) / 1e12:.2f} TFLOP/s of {r['family'].split()[-1]} "
+              f"over a resident {VECTOR_BLOCK[0]}x{VECTOR_BLOCK[1]} float32 block "
+              f"({flops / (r['pipelined_ms'] / 1e3) / gen.bf16_flops_per_s:.1%} of the bf16 MXU peak)")
+    return 0
+
+
+def measure(out: Path | None) -> int:
+    import jax
+
+    from jaxbench_timings import call_timings
+    from tpu_timings import this_chip, write_rows
+
+    kind, _ = this_chip()
+    print(f"{kind}, jax {jax.__version__}")
+    rows = []
+    for fields, build in kernels():
+        fn, inputs = build()
+        try:
+            t = call_timings(fn, inputs)
+        except Exception as e:  # noqa: BLE001 - a kernel the chip refuses is a row too
+            rows.append({"device_kind": kind, **fields, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(f"{fields}: {rows[-1]['error']}", flush=True)
+            continue
+        rows.append({"device_kind": kind, **fields, "median_ms": t["median_ms"], "pipelined_ms": t["pipelined_ms"]})
+        print(f"{fields}: {t['median_ms']:.3f} ms, back to back {t['pipelined_ms']:.3f} ms", flush=True)
+    write_rows(out, rows)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="on a TPU host: time every kernel")
+    m.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
+    f = sub.add_parser("fit", help="fit the kernel-side constants to the rows of one chip")
+    f.add_argument("rows", type=Path, nargs="+", help="JSON lines of measure (and of dma_bandwidth.py)")
+    args = parser.parse_args(argv)
+    return measure(args.out) if args.command == "measure" else fit_rows(args.rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
