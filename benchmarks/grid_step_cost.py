@@ -23,6 +23,7 @@ measured time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -213,7 +214,7 @@ def fit_rows(paths: list[Path]) -> int:
     from tpu_timings import generation_of
 
     from evaluator.performance import calibration as calib
-    from evaluator.performance.fit import Sample, fit
+    from evaluator.performance.fit import Sample, agreement, fit
     from evaluator.performance.hardware import GENERATIONS
     from evaluator.performance.prediction import CaseInputs, kernel_time
     from evaluator.performance.xla_cost import ReferenceWork
@@ -246,13 +247,18 @@ def fit_rows(paths: list[Path]) -> int:
     # Back-to-back times: no host wait between calls.
     start = calib.Calibration(dispatch_s=0.0, grid_step_s=alone.kernel_s / alone.inputs.kernels[0].grid_steps)
     fitted = fit(samples, gen, start, FITTED, fitted_on=f"{len(samples)} microbenchmarks on {gen.name}")
-    print(f"{'kernel':<44}{'steps':>8}{'DMAs':>8}{'MiB':>8}{'ms':>9}{'predicted / measured':>22}")
+    in_use = dataclasses.replace(calib.load(), dispatch_s=0.0)
+    print(f"{'kernel':<44}{'steps':>8}{'DMAs':>8}{'MiB':>8}{'ms':>9}   predicted / measured: fitted, in use")
     for s in samples:
         (work,) = s.inputs.kernels
-        predicted = kernel_time(s.inputs, gen, fitted)[0]
+        ratios = [kernel_time(s.inputs, gen, c)[0] / s.kernel_s for c in (fitted, in_use)]
         print(f"{s.name:<44}{work.grid_steps:>8.0f}{work.dmas:>8.0f}{work.hbm_bytes / 2**20:>8.0f}"
-              f"{s.kernel_s * 1e3:>9.3f}{predicted / s.kernel_s:>22.2f}")
-    print("fitted: " + ", ".join(f"{name} {getattr(fitted, name):.3g}" for name in KERNEL_CONSTANTS))
+              f"{s.kernel_s * 1e3:>9.3f}{ratios[0]:>14.2f}{ratios[1]:>8.2f}")
+    for label, c in (("fitted", fitted), (f"in use ({calib.DEFAULT_FILE.name}, {in_use.fitted_on})", in_use)):
+        a = agreement([kernel_time(s.inputs, gen, c)[0] for s in samples], [s.kernel_s for s in samples])
+        shown = dataclasses.replace(c, dma_efficiency=c.dma_efficiency or c.hbm_efficiency)
+        print(f"{label}: " + ", ".join(f"{name} {getattr(shown, name):.3g}" for name in KERNEL_CONSTANTS)
+              + f"; within 2x {a.within_2x:.0%} of {a.n}, median ratio {a.median_ratio:.2f}")
     for r in vector:  # not fitted: the model prices a kernel's vector work at the MXU's rate
         flops = 2.0 * VECTOR_BLOCK[0] * VECTOR_BLOCK[1] * VECTOR_ITERS * VECTOR_STEPS
         print(f"{r['family']}: {flops / (r['pipelined_ms'] / 1e3) / 1e12:.2f} TFLOP/s of {r['family'].split()[-1]} "

@@ -218,11 +218,12 @@ def _estimated(path: Path, args: list[str]) -> list[dict[str, Any]]:
 
 def predictions(generation: str, backend: str, kernels: set[str]) -> dict[tuple[str, str, str], CaseInputs]:
     """(kernel, task, case) -> what the prediction is computed from, by `estimate` for the
-    generation on the backend: every solution at once, each of jax's kernels named in `kernels`
-    built and estimated as the candidate of its task. Kept in runs/tpu/ and reused."""
+    generation on the backend: every solution at once (where `kernels` names the solutions), each
+    third-party kernel named in `kernels` built and estimated as the candidate of its task. Kept
+    in runs/tpu/ and reused."""
     common = ["--tpu", generation, "--backend", backend]
     tag = f"{generation}-{backend}"
-    runs = [(SOLUTION, ESTIMATES / f"solutions-{tag}-estimate.jsonl", common)]
+    runs = [(SOLUTION, ESTIMATES / f"solutions-{tag}-estimate.jsonl", common)] if SOLUTION in kernels else []
     for corpus in CORPORA:
         for entry, source in built_thirdparty(lambda e: e.name in kernels, corpus):
             runs.append((entry.name, ESTIMATES / f"{entry.name}-{tag}-estimate.jsonl",

@@ -113,8 +113,9 @@ def fit(samples: list[Sample], gen: TpuGeneration, start: Calibration = Calibrat
         constants: tuple[str, ...] = tuple(RANGES), fitted_on: str = "") -> Calibration:
     """The constants that put the most predictions within 2x of the measurement (ties: the
     least mean absolute log error), each in turn over its range, a few rounds; searched from
-    `start` and from the model's assumptions, the better kept: a coordinate search can stall
-    near where it starts (a large dispatch in use hid a smaller one and a slower XLA)."""
+    `start` and from the model's assumptions (for the constants searched; the others are
+    `start`'s), the better kept: a coordinate search can stall near where it starts (a large
+    dispatch in use hid a smaller one and a slower XLA)."""
     def loss(c: Calibration) -> tuple[float, float]:
         errors = log_errors(samples, gen, c)
         if not errors:
@@ -134,6 +135,9 @@ def fit(samples: list[Sample], gen: TpuGeneration, start: Calibration = Calibrat
                         best, best_loss = trial, trial_loss
         return best_loss, best
 
-    starts = [start] if start == Calibration() else [start, Calibration()]
+    # The assumptions for the constants searched; the others stay as `start` has them.
+    assumed = dataclasses.replace(Calibration(), **{f.name: getattr(start, f.name) for f in dataclasses.fields(Calibration)
+                                                    if f.name not in constants})
+    starts = [start] if start == assumed else [start, assumed]
     best = min((search(s) for s in starts), key=lambda found: found[0])[1]
     return dataclasses.replace(best, fitted_on=fitted_on or best.fitted_on)
