@@ -3,7 +3,7 @@ the measurement behind the kernel-side constants of the speed prediction
 (evaluator/performance/prediction.py, `kernel_time`).
 
     python benchmarks/grid_step_cost.py measure [--out F.jsonl]    # on a TPU host
-    python benchmarks/grid_step_cost.py fit F.jsonl [COPY.jsonl]      # anywhere: the constants
+    python benchmarks/grid_step_cost.py fit F.jsonl [COPY.jsonl] [--out C.json [--compiled]]  # anywhere
 
 Four families of small kernels written here, each timed as jaxbench_timings.py times
 (`call_timings`, the back-to-back figure kept):
@@ -18,7 +18,9 @@ Each row names the family and its parameters. `fit` rebuilds each kernel, traces
 TPU needed) for the speed model's own counts (grid steps, HBM bytes, DMAs, FLOPs), and fits the
 kernel-side constants (`KERNEL_CONSTANTS`) to the back-to-back times, with the copy kernels of
 benchmarks/dma_bandwidth.py where their rows are given too; it prints each kernel's predicted over
-measured time.
+measured time. `--out` writes the constants in use (the compiled path's with `--compiled`) with
+the kernel side replaced by the fitted one, for `$PALLAS_KERNEL_GYM_CALIBRATION` on that chip's
+generation.
 """
 from __future__ import annotations
 
@@ -206,7 +208,7 @@ def _kernel_work(fn: Callable, inputs: list[Any], gen: Any) -> Any:
     return KernelWork.of(kernel_estimate(call, gen))
 
 
-def fit_rows(paths: list[Path]) -> int:
+def fit_rows(paths: list[Path], out: Path | None = None, compiled: bool = False) -> int:
     import json
 
     import jax.numpy as jnp
@@ -247,18 +249,23 @@ def fit_rows(paths: list[Path]) -> int:
     # Back-to-back times: no host wait between calls.
     start = calib.Calibration(dispatch_s=0.0, grid_step_s=alone.kernel_s / alone.inputs.kernels[0].grid_steps)
     fitted = fit(samples, gen, start, FITTED, fitted_on=f"{len(samples)} microbenchmarks on {gen.name}")
-    in_use = dataclasses.replace(calib.load(), dispatch_s=0.0)
+    loaded = calib.load(compiled=compiled)
+    in_use = dataclasses.replace(loaded, dispatch_s=0.0)
     print(f"{'kernel':<44}{'steps':>8}{'DMAs':>8}{'MiB':>8}{'ms':>9}   predicted / measured: fitted, in use")
     for s in samples:
         (work,) = s.inputs.kernels
         ratios = [kernel_time(s.inputs, gen, c)[0] / s.kernel_s for c in (fitted, in_use)]
         print(f"{s.name:<44}{work.grid_steps:>8.0f}{work.dmas:>8.0f}{work.hbm_bytes / 2**20:>8.0f}"
               f"{s.kernel_s * 1e3:>9.3f}{ratios[0]:>14.2f}{ratios[1]:>8.2f}")
-    for label, c in (("fitted", fitted), (f"in use ({calib.DEFAULT_FILE.name}, {in_use.fitted_on})", in_use)):
+    for label, c in (("fitted", fitted), (f"in use ({in_use.fitted_on})", in_use)):
         a = agreement([kernel_time(s.inputs, gen, c)[0] for s in samples], [s.kernel_s for s in samples])
         shown = dataclasses.replace(c, dma_efficiency=c.dma_efficiency or c.hbm_efficiency)
         print(f"{label}: " + ", ".join(f"{name} {getattr(shown, name):.3g}" for name in KERNEL_CONSTANTS)
               + f"; within 2x {a.within_2x:.0%} of {a.n}, median ratio {a.median_ratio:.2f}")
+    if out:
+        calib.save(dataclasses.replace(loaded, **{name: getattr(fitted, name) for name in KERNEL_CONSTANTS},
+                                       fitted_on=f"{loaded.fitted_on}; kernel side: {fitted.fitted_on}"), out)
+        print(f"wrote {out}")
     for r in vector:  # not fitted: the model prices a kernel's vector work at the MXU's rate
         flops = 2.0 * VECTOR_BLOCK[0] * VECTOR_BLOCK[1] * VECTOR_ITERS * VECTOR_STEPS
         print(f"{r['family']}: {flops / (r['pipelined_ms'] / 1e3) / 1e12:.2f} TFLOP/s of {r['family'].split()[-1]} "
@@ -297,8 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
     f = sub.add_parser("fit", help="fit the kernel-side constants to the rows of one chip")
     f.add_argument("rows", type=Path, nargs="+", help="JSON lines of measure (and of dma_bandwidth.py)")
+    f.add_argument("--out", type=Path, help="write the constants in use with this kernel side here")
+    f.add_argument("--compiled", action="store_true", help="start from the compiled path's constants")
     args = parser.parse_args(argv)
-    return measure(args.out) if args.command == "measure" else fit_rows(args.rows)
+    return measure(args.out) if args.command == "measure" else fit_rows(args.rows, args.out, args.compiled)
 
 
 if __name__ == "__main__":

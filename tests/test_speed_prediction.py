@@ -483,6 +483,31 @@ def test_microbenchmarks_are_measured_on_a_tpu_only(tmp_path, script, args):
     assert not (tmp_path / "rows.jsonl").exists()
 
 
+def test_a_chips_microbenchmarks_give_the_kernel_side_of_the_constants_in_use(tmp_path, capsys):
+    """`grid_step_cost.py fit` on the v5e's committed rows: the grid step is the steps-alone
+    kernel's time per step, the DMAs' latency and rate and the compute efficiency are fitted to
+    the other kernels, and `--out` writes them into the constants in use, the rest unchanged."""
+    import sys
+
+    from evaluator.performance import calibration as calib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from grid_step_cost import KERNEL_CONSTANTS, main
+
+    results = ROOT / "benchmarks" / "results"
+    rows = [json.loads(line) for line in (results / "v5e-grid-step.jsonl").read_text().splitlines()]
+    alone = next(r for r in rows if r["family"] == "steps alone")
+    assert main(["fit", str(results / "v5e-grid-step.jsonl"), str(results / "v5e-dma.jsonl"),
+                 "--out", str(tmp_path / "v5e.json"), "--compiled"]) == 0
+    written, in_use = calib.load(tmp_path / "v5e.json"), calib.load(compiled=True)
+    assert written.grid_step_s == pytest.approx(alone["pipelined_ms"] / 1e3 / alone["steps"])
+    assert written.dma_latency_s > 0 and written.dma_efficiency is not None
+    for name in {f.name for f in dataclasses.fields(Calibration)} - {*KERNEL_CONSTANTS, "fitted_on"}:
+        assert getattr(written, name) == getattr(in_use, name), name
+    fitted = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fitted:"))
+    assert "within 2x 100% of 44" in fitted
+
+
 def test_kernels_timed_again_on_a_chip_are_read_in_their_results_shape(tmp_path):
     """benchmarks/jaxbench_timings.py times each kernel their harness found correct, and the
     reference it faced, as their harness built them, into eval_<model>.json in their results
