@@ -1,12 +1,11 @@
 """What a Pallas kernel's grid step and each of its DMAs cost beside its bytes and its compute:
-the measurement behind the kernel-side constants of the speed prediction
-(evaluator/performance/prediction.py, `kernel_time`).
+a measurement for the kernel side of the speed prediction (evaluator/performance/prediction.py,
+`kernel_time`; docs/performance-model.md, "What a grid step and a DMA cost").
 
-    python benchmarks/grid_step_cost.py measure [--out F.jsonl]    # on a TPU host
-    python benchmarks/grid_step_cost.py fit F.jsonl [COPY.jsonl] [--out C.json [--compiled]]  # anywhere
+    python benchmarks/grid_step_cost.py [--out F.jsonl]    # on a TPU host
 
-Four families of small kernels written here, each timed as jaxbench_timings.py times
-(`call_timings`, the back-to-back figure kept):
+Small kernels written here, each timed as jaxbench_timings.py times (`call_timings`, the
+back-to-back figure is the one to read):
 - steps alone: a (8, 128) float32 block that never changes index, added to at every step;
 - reads alone: blocks streamed in and summed into one resident (8, 128) output;
 - writes alone: one resident input block written out to every block of the output;
@@ -14,18 +13,12 @@ Four families of small kernels written here, each timed as jaxbench_timings.py t
 - tiled matmuls: out = x @ w over (bm, K) x (K, bn) blocks, float32 with small K (the output's
   writes and w's re-reads bound it, as in JAXBench's tall-skinny and small-K matmuls), and
   bfloat16 with the contraction in the grid (the MXU bound) at several block sizes.
-Each row names the family and its parameters. `fit` rebuilds each kernel, traces it here (no
-TPU needed) for the speed model's own counts (grid steps, HBM bytes, DMAs, FLOPs), and fits the
-kernel-side constants (`KERNEL_CONSTANTS`) to the back-to-back times, with the copy kernels of
-benchmarks/dma_bandwidth.py where their rows are given too; it prints each kernel's predicted over
-measured time. `--out` writes the constants in use (the compiled path's with `--compiled`) with
-the kernel side replaced by the fitted one, for `$PALLAS_KERNEL_GYM_CALIBRATION` on that chip's
-generation.
+Each row names the family and its parameters; `kernels()` rebuilds each kernel, so the speed
+model's counts of it (grid steps, block copies, HBM bytes, FLOPs) can be traced anywhere.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -191,89 +184,6 @@ def kernels() -> list[tuple[dict[str, Any], Callable[[], tuple[Callable, list[An
     return out
 
 
-KERNEL_CONSTANTS = ("grid_step_s", "dma_latency_s", "dma_efficiency", "compute_efficiency")
-FITTED = KERNEL_CONSTANTS[1:]  # grid_step_s is measured alone: the steps-alone kernel's time per step
-
-
-def _kernel_work(fn: Callable, inputs: list[Any], gen: Any) -> Any:
-    """The speed model's counts of the one kernel in fn(*inputs), traced (never run)."""
-    import jax
-
-    from evaluator.analysis.jaxpr_analysis import summarize
-    from evaluator.performance.perf_model import kernel_estimate
-    from evaluator.performance.prediction import KernelWork
-
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inputs]
-    (call,) = summarize(jax.make_jaxpr(fn)(*specs), traffic=True).pallas_calls
-    return KernelWork.of(kernel_estimate(call, gen))
-
-
-def fit_rows(paths: list[Path], out: Path | None = None, compiled: bool = False) -> int:
-    import json
-
-    import jax.numpy as jnp
-    from dma_bandwidth import COLS, ROWS, copy_kernel
-    from tpu_timings import generation_of
-
-    from evaluator.performance import calibration as calib
-    from evaluator.performance.fit import Sample, agreement, fit
-    from evaluator.performance.hardware import GENERATIONS
-    from evaluator.performance.prediction import CaseInputs, kernel_time
-    from evaluator.performance.xla_cost import ReferenceWork
-
-    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
-    kinds = {r["device_kind"] for r in rows}
-    if len(kinds) != 1:
-        raise SystemExit(f"{', '.join(map(str, paths))} hold timings of {len(kinds)} kinds of chip: one at a time")
-    gen = GENERATIONS[generation_of(kinds.pop())]
-    builders = {json.dumps(fields, sort_keys=True): build for fields, build in kernels()}
-    samples, vector = [], []
-    for r in rows:
-        if "error" in r or r.get("program") == "xla":
-            continue
-        if r.get("family", "").startswith("vector"):
-            vector.append(r)
-            continue
-        if "family" in r:
-            fields = {k: v for k, v in r.items() if k not in ("device_kind", "median_ms", "pipelined_ms")}
-            name, (fn, inputs) = " ".join(map(str, fields.values())), builders[json.dumps(fields, sort_keys=True)]()
-        else:  # a copy kernel of dma_bandwidth.py
-            name, fn, inputs = f"copy {r['block']}", copy_kernel(tuple(r["block"])), [jnp.zeros((ROWS, COLS), jnp.float32)]
-        work = _kernel_work(fn, inputs, gen)
-        samples.append(Sample(name, "microbenchmark", CaseInputs(
-            [work], 0.0, 0.0, 0.0, ReferenceWork(0.0, 0.0, 0), 0.0, None, "a microbenchmark"),
-            kernel_s=r["pipelined_ms"] / 1e3))
-    alone = next((s for s in samples if s.name.startswith("steps alone")), None)
-    if alone is None:
-        raise SystemExit(f"{', '.join(map(str, paths))} have no steps-alone row: grid_step_cost.py measure writes one")
-    # Back-to-back times: no host wait between calls.
-    start = calib.Calibration(dispatch_s=0.0, grid_step_s=alone.kernel_s / alone.inputs.kernels[0].grid_steps)
-    fitted = fit(samples, gen, start, FITTED, fitted_on=f"{len(samples)} microbenchmarks on {gen.name}")
-    loaded = calib.load(compiled=compiled)
-    in_use = dataclasses.replace(loaded, dispatch_s=0.0)
-    print(f"{'kernel':<44}{'steps':>8}{'DMAs':>8}{'MiB':>8}{'ms':>9}   predicted / measured: fitted, in use")
-    for s in samples:
-        (work,) = s.inputs.kernels
-        ratios = [kernel_time(s.inputs, gen, c)[0] / s.kernel_s for c in (fitted, in_use)]
-        print(f"{s.name:<44}{work.grid_steps:>8.0f}{work.dmas:>8.0f}{work.hbm_bytes / 2**20:>8.0f}"
-              f"{s.kernel_s * 1e3:>9.3f}{ratios[0]:>14.2f}{ratios[1]:>8.2f}")
-    for label, c in (("fitted", fitted), (f"in use ({in_use.fitted_on})", in_use)):
-        a = agreement([kernel_time(s.inputs, gen, c)[0] for s in samples], [s.kernel_s for s in samples])
-        shown = dataclasses.replace(c, dma_efficiency=c.dma_efficiency or c.hbm_efficiency)
-        print(f"{label}: " + ", ".join(f"{name} {getattr(shown, name):.3g}" for name in KERNEL_CONSTANTS)
-              + f"; within 2x {a.within_2x:.0%} of {a.n}, median ratio {a.median_ratio:.2f}")
-    if out:
-        calib.save(dataclasses.replace(loaded, **{name: getattr(fitted, name) for name in KERNEL_CONSTANTS},
-                                       fitted_on=f"{loaded.fitted_on}; kernel side: {fitted.fitted_on}"), out)
-        print(f"wrote {out}")
-    for r in vector:  # not fitted: the model prices a kernel's vector work at the MXU's rate
-        flops = 2.0 * VECTOR_BLOCK[0] * VECTOR_BLOCK[1] * VECTOR_ITERS * VECTOR_STEPS
-        print(f"{r['family']}: {flops / (r['pipelined_ms'] / 1e3) / 1e12:.2f} TFLOP/s of {r['family'].split()[-1]} "
-              f"over a resident {VECTOR_BLOCK[0]}x{VECTOR_BLOCK[1]} float32 block "
-              f"({flops / (r['pipelined_ms'] / 1e3) / gen.bf16_flops_per_s:.1%} of the bf16 MXU peak)")
-    return 0
-
-
 def measure(out: Path | None) -> int:
     import jax
 
@@ -299,15 +209,8 @@ def measure(out: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("measure", help="on a TPU host: time every kernel")
-    m.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
-    f = sub.add_parser("fit", help="fit the kernel-side constants to the rows of one chip")
-    f.add_argument("rows", type=Path, nargs="+", help="JSON lines of measure (and of dma_bandwidth.py)")
-    f.add_argument("--out", type=Path, help="write the constants in use with this kernel side here")
-    f.add_argument("--compiled", action="store_true", help="start from the compiled path's constants")
-    args = parser.parse_args(argv)
-    return measure(args.out) if args.command == "measure" else fit_rows(args.rows, args.out, args.compiled)
+    parser.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
+    return measure(parser.parse_args(argv).out)
 
 
 if __name__ == "__main__":

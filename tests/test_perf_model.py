@@ -53,19 +53,6 @@ def test_manual_dma_traffic_is_counted():
     assert kernel_estimate(call, GENERATIONS["v5e"]).hbm_bytes == (4096 + 64) * MiB
 
 
-def test_every_dma_a_kernel_makes_is_counted_for_its_latency():
-    """A v5e streamed 256 MiB in 4 KiB blocks 14x slower than in 1 MiB blocks, at the same
-    bytes (benchmarks/grid_step_cost.py): each DMA waits a fixed time besides its bytes. The
-    estimate counts the DMAs: the pipeline's block fetches and writebacks, and the body's own."""
-    gen = GENERATIONS["v5e"]
-    (tiled,) = _summary(_matmul_with_blocks(512)).pallas_calls
-    assert kernel_estimate(tiled, gen).dmas == 512 + 512 + 64
-    (manual,) = _summary((HONEST / "matmul_manual_dma.py").read_text()).pallas_calls
-    assert manual.dma_starts_per_step == 32 * 2  # 32 tiles of x and of y started per output tile
-    writebacks = next(b.fetches for b in manual.blocks if b.role == "out")
-    assert kernel_estimate(manual, gen).dmas == 32 * 32 * 64 + writebacks
-
-
 @pytest.mark.parametrize("gen", ["v5e", "v6e"])
 def test_needless_refetch_scores_worse_and_ideal_is_the_floor(gen):
     task, case = _matmul_case()

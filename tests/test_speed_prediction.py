@@ -85,24 +85,6 @@ def test_the_kernel_side_adds_steps_glue_and_the_calls_dispatch():
     assert dispatched == pytest.approx(MIN_CALL_S + 5e-5) and why == "dispatch"  # an empty program still costs its call
 
 
-def test_a_kernels_dmas_pay_their_latency_and_rate_and_the_glue_its_own():
-    """Two kernels moving the same bytes, one in 1000 DMAs and one in 10: the first pays 990 more
-    DMA latencies. A kernel's DMAs stream at `dma_efficiency` of the bandwidth where it is set,
-    the glue at `hbm_efficiency` (measured on a v5e: a pipelined copy reaches 0.89 of it, where
-    the fit of the glue's figure also pays for what our count of the glue misses)."""
-    def inputs(dmas: float) -> CaseInputs:
-        return CaseInputs([KernelWork(0.0, 0.0, 1e9, grid_steps=10, dmas=dmas)], glue_flops=0.0,
-                          glue_f32_matmul_flops=0.0, glue_bytes=1e9, reference=ReferenceWork(1.0, 0.0, 0),
-                          ideal_bytes=1e9, xla=None)
-
-    c = Calibration(grid_step_s=0.0, dma_latency_s=1e-7, dma_efficiency=0.8, hbm_efficiency=0.5)
-    many, few = kernel_time(inputs(1000), GEN, c)[0], kernel_time(inputs(10), GEN, c)[0]
-    assert many - few == pytest.approx(990 * 1e-7)
-    assert few == pytest.approx(1e9 / (0.8 * GEN.hbm_bytes_per_s) + 10 * 1e-7 + 1e9 / (0.5 * GEN.hbm_bytes_per_s))
-    unset = kernel_time(inputs(10), GEN, dataclasses.replace(c, dma_efficiency=None))[0]
-    assert unset == pytest.approx(2e9 / (0.5 * GEN.hbm_bytes_per_s) + 10 * 1e-7)  # the one figure for both
-
-
 def _cost_of(fn, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> Cost:
     """Our count of fn(x, w) on bf16 operands of these shapes (traced, never run)."""
     import jax
@@ -239,10 +221,10 @@ def test_the_fit_recovers_constants_the_times_were_made_with():
     assert agreement([predict_case(s.inputs, GEN, fitted).kernel_s for s in samples],
                      [s.kernel_s for s in samples]).within_2x == 1.0
     # A constant not searched stays as given, even where the model's assumption for it fits these
-    # times better (benchmarks/grid_step_cost.py measures a grid step alone, the rest is fitted).
-    given = Calibration(grid_step_s=0.2e-6, dma_latency_s=1e-7)
+    # times better (a grid step measured alone, say, with the rest fitted around it).
+    given = Calibration(grid_step_s=0.2e-6, loop_iteration_s=1e-7)
     partial = fit(samples, GEN, given, constants=("xla_efficiency", "compute_efficiency"))
-    assert (partial.grid_step_s, partial.dma_latency_s) == (0.2e-6, 1e-7)
+    assert (partial.grid_step_s, partial.loop_iteration_s) == (0.2e-6, 1e-7)
 
 
 def test_spearman_is_rank_correlation():
@@ -469,7 +451,7 @@ def workload(a, b):
 """
 
 
-@pytest.mark.parametrize("script, args", [("dma_bandwidth", []), ("grid_step_cost", ["measure"])])
+@pytest.mark.parametrize("script, args", [("dma_bandwidth", []), ("grid_step_cost", [])])
 def test_microbenchmarks_are_measured_on_a_tpu_only(tmp_path, script, args):
     """benchmarks/dma_bandwidth.py's and grid_step_cost.py's figures are a chip's: on this CPU
     they say so in one line and write nothing."""
@@ -481,31 +463,6 @@ def test_microbenchmarks_are_measured_on_a_tpu_only(tmp_path, script, args):
     with pytest.raises(SystemExit, match="no TPU generation of ours is a 'cpu'"):
         main([*args, "--out", str(tmp_path / "rows.jsonl")])
     assert not (tmp_path / "rows.jsonl").exists()
-
-
-def test_a_chips_microbenchmarks_give_the_kernel_side_of_the_constants_in_use(tmp_path, capsys):
-    """`grid_step_cost.py fit` on the v5e's committed rows: the grid step is the steps-alone
-    kernel's time per step, the DMAs' latency and rate and the compute efficiency are fitted to
-    the other kernels, and `--out` writes them into the constants in use, the rest unchanged."""
-    import sys
-
-    from evaluator.performance import calibration as calib
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from grid_step_cost import KERNEL_CONSTANTS, main
-
-    results = ROOT / "benchmarks" / "results"
-    rows = [json.loads(line) for line in (results / "v5e-grid-step.jsonl").read_text().splitlines()]
-    alone = next(r for r in rows if r["family"] == "steps alone")
-    assert main(["fit", str(results / "v5e-grid-step.jsonl"), str(results / "v5e-dma.jsonl"),
-                 "--out", str(tmp_path / "v5e.json"), "--compiled"]) == 0
-    written, in_use = calib.load(tmp_path / "v5e.json"), calib.load(compiled=True)
-    assert written.grid_step_s == pytest.approx(alone["pipelined_ms"] / 1e3 / alone["steps"])
-    assert written.dma_latency_s > 0 and written.dma_efficiency is not None
-    for name in {f.name for f in dataclasses.fields(Calibration)} - {*KERNEL_CONSTANTS, "fitted_on"}:
-        assert getattr(written, name) == getattr(in_use, name), name
-    fitted = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fitted:"))
-    assert "within 2x 100% of 44" in fitted
 
 
 def test_kernels_timed_again_on_a_chip_are_read_in_their_results_shape(tmp_path):

@@ -51,7 +51,6 @@ class PallasCallInfo:
     multipass_flops_per_step: float = 0.0   # beyond flops_per_step: dots' extra MXU passes (jaxpr_cost.Cost)
     mxu_padding_flops_per_step: float = 0.0  # and beyond those: dots' operands padded to MXU tiles
     dma_bytes_per_step: float = 0.0   # traffic analysis only
-    dma_starts_per_step: float = 0.0  # the body's own DMAs started per step (likewise)
     # Memory accesses of the body per grid step, every loop iteration counted: what a run in
     # interpret mode costs (evaluator/execution/step_limits.py); at every size.
     accesses_per_step: float = 0.0
@@ -252,7 +251,6 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         multipass_flops_per_step=step.multipass_flops,
         mxu_padding_flops_per_step=step.mxu_padding_flops,
         dma_bytes_per_step=step.dma_bytes,
-        dma_starts_per_step=step.dma_starts,
         accesses_per_step=accesses,
         loop_trips=loop_trips(kernel_jaxpr, trips),
         branches=branches_taken(kernel_jaxpr, conds) if conds is not None else [],

@@ -74,7 +74,6 @@ class Cost:
     matmul_flops: float = 0.0
     f32_matmul_flops: float = 0.0
     dma_bytes: float = 0.0  # inside kernels: bytes copied by the body's own DMAs
-    dma_starts: float = 0.0  # and how many DMAs it starts (each pays the DMA's latency)
     accesses: float = 0.0   # inside kernels: memory accesses (MEMORY_ACCESS_PRIMITIVES) made
     heavy_ops: list[str] = field(default_factory=list)  # matmuls seen when not counted as work
     callbacks: list[str] = field(default_factory=list)
@@ -290,7 +289,6 @@ def _walk(jaxpr: Any, mult: float, cost: Cost, count_heavy: bool,
             cost.accesses += mult
         if name == "dma_start":
             cost.dma_bytes += mult * dma_dst_bytes(eqn)
-            cost.dma_starts += mult
             continue
         sub = list(sub_jaxprs(eqn))
         if sub:
@@ -371,7 +369,6 @@ def _merge_dearest(into: Cost, branches: list[Cost]) -> None:
     into.mxu_padding_flops += worst.mxu_padding_flops
     into.loop_iterations += worst.loop_iterations
     into.dma_bytes += max(c.dma_bytes for c in branches)
-    into.dma_starts += max(c.dma_starts for c in branches)
     into.accesses += max(c.accesses for c in branches)
     for op, f in worst.top_ops.items():
         into.top_ops[op] = into.top_ops.get(op, 0.0) + f

@@ -30,10 +30,8 @@ class Calibration:
     """What the roofline leaves out, one number each (docs/performance-model.md)."""
 
     grid_step_s: float = 0.35e-6      # fixed cost of one Pallas grid step
-    dma_latency_s: float = 0.0        # fixed cost of one DMA of a kernel (a block fetch or writeback, a body's copy)
-    dma_efficiency: float | None = None  # share of the HBM bandwidth a kernel's DMAs reach (None: hbm_efficiency's)
     f32_matmul_share: float = 1 / 3   # f32-operand matmul rate in a kernel, as a share of the bf16 peak
-    hbm_efficiency: float = 1.0       # share of the published HBM bandwidth the glue (and, unset, a kernel's DMAs) reach
+    hbm_efficiency: float = 1.0       # share of the published HBM bandwidth a kernel's DMAs reach
     compute_efficiency: float = 1.0   # share of the peak FLOP rate a kernel's arithmetic reaches
     xla_efficiency: float = 1.0       # XLA's cost-model time over the time XLA's program takes
     conv_efficiency: float = 1.0      # share of the peak a convolution's MXU-padded FLOPs reach

@@ -19,9 +19,7 @@ from evaluator.performance.prediction import CaseInputs, predict_case
 
 # Each constant's search range (low, high): physical bounds, not tuned to any task.
 RANGES: dict[str, tuple[float, float]] = {
-    "grid_step_s": (0.01e-6, 5e-6),
-    "dma_latency_s": (0.01e-6, 2e-6),
-    "dma_efficiency": (0.3, 1.0),
+    "grid_step_s": (0.05e-6, 5e-6),
     "f32_matmul_share": (1 / 6, 1.0),
     "hbm_efficiency": (0.3, 1.0),
     "compute_efficiency": (0.2, 1.0),

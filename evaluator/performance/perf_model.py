@@ -40,10 +40,6 @@ class KernelEstimate:
     runs: float = 1.0  # times the call runs (loops around it outside kernels)
     multipass_flops: float = 0.0  # beyond flops: dots' extra MXU passes (the speed prediction prices them)
     mxu_padding_flops: float = 0.0  # and dots' operands padded to whole MXU tiles (likewise)
-    # The DMAs over all runs (the pipeline's fetches of input blocks and writebacks of output
-    # blocks, and the body's own DMAs): each pays the DMA's latency beside its bytes (the speed
-    # prediction).
-    dmas: float = 0.0
 
 
 @dataclass
@@ -93,7 +89,7 @@ class PerfEstimate:
 
 def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
     steps = call.grid_steps
-    moved, copies, data_dependent = 0.0, 0.0, False
+    moved, data_dependent = 0.0, False
     for block in call.blocks:
         if block.memory_space != "vmem":
             continue  # pl.ANY / SMEM operands: moved by the kernel's own DMAs, counted below
@@ -101,14 +97,12 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
         if fetches is None:
             fetches, data_dependent = steps, True
         moved += fetches * math.prod(block.block_shape) * np_dtype(block.dtype).itemsize
-        copies += fetches
     moved = (moved + call.dma_bytes_per_step * steps) * call.runs
     flops = call.flops
     time_s = roofline(flops, moved, gen, call.f32_matmul_flops) + steps * call.runs * GRID_STEP_S
     return KernelEstimate(call.name, steps, moved, flops, time_s, data_dependent,
                           call.data_dependent_trips, call.unbounded_trips_from, call.f32_matmul_flops, call.runs,
-                          call.multipass_flops, call.mxu_padding_flops,
-                          (copies + call.dma_starts_per_step * steps) * call.runs)
+                          call.multipass_flops, call.mxu_padding_flops)
 
 
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,
