@@ -207,12 +207,16 @@ def measure(out: Path, corpus: str, names: list[str] | None, budget_s: float) ->
 
 
 def _estimated(path: Path, args: list[str]) -> list[dict[str, Any]]:
-    """`python -m evaluator estimate --json ARGS` rows, kept in `path` and reused."""
+    """`python -m evaluator estimate --json ARGS` rows, kept in `path` and reused. Written beside
+    it first and moved in when the run ends, so an interrupted run leaves no partial file behind
+    that a later compare would take as whole."""
     if not path.is_file() or not path.stat().st_size:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "w") as f:
             subprocess.run([sys.executable, "-m", "evaluator", "estimate", "--split", "all", "--json", *args],
                            check=True, stdout=f)
+        partial.replace(path)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
