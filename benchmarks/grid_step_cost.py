@@ -2,19 +2,27 @@
 a measurement for the kernel side of the speed prediction (evaluator/performance/prediction.py,
 `kernel_time`; docs/performance-model.md, "What a grid step and a DMA cost").
 
-    python benchmarks/grid_step_cost.py [--out F.jsonl]    # on a TPU host
+    python benchmarks/grid_step_cost.py measure [--out F.jsonl]       # on a TPU host
+    python benchmarks/grid_step_cost.py fit ROWS.jsonl [--out F.json]  # anywhere
 
 Small kernels written here, each timed as jaxbench_timings.py times (`call_timings`, the
 back-to-back figure is the one to read):
 - steps alone: a (8, 128) float32 block that never changes index, added to at every step;
 - reads alone: blocks streamed in and summed into one resident (8, 128) output;
 - writes alone: one resident input block written out to every block of the output;
-- vector work: a multiply-add, or an exp, looped over a resident block (the VPU's and EUP's rates);
+- vector work: a multiply-add, an exp, or a softmax over the rows (an attention kernel's vector
+  work: max, subtract, exp, sum, scale), looped over a resident block, from one vector register
+  (8, 128) to a block far larger than the register file: the VPU's and EUP's rates, and what
+  loads and stores of a block that does not fit cost them;
 - tiled matmuls: out = x @ w over (bm, K) x (K, bn) blocks, float32 with small K (the output's
   writes and w's re-reads bound it, as in JAXBench's tall-skinny and small-K matmuls), and
   bfloat16 with the contraction in the grid (the MXU bound) at several block sizes.
 Each row names the family and its parameters; `kernels()` rebuilds each kernel, so the speed
-model's counts of it (grid steps, block copies, HBM bytes, FLOPs) can be traced anywhere.
+model's counts of it (grid steps, HBM bytes, MXU and vector FLOPs) can be traced anywhere. `fit`
+fits the kernel side of the compiled path's constants (grid step, DMA and MXU efficiency) to one
+chip's rows, its vector work priced at the generation's vector rate (hardware.py), and writes
+them with the rest as in use: the start of a generation's own calibration file, whose other
+constants benchmarks/perf_agreement.py --measured --fit refits on model-written kernels.
 """
 from __future__ import annotations
 
@@ -34,6 +42,10 @@ SMALL_K_SIZE = 8192  # M = N
 SMALL_K_BLOCKS = [(128, 128), (256, 256), (512, 512), (128, 1024), (1024, 128), (1024, 1024)]
 MXU_SIZE = 4096  # M = N = K, bfloat16
 VECTOR_BLOCK, VECTOR_STEPS, VECTOR_ITERS = (512, 1024), 256, 64  # resident float32 block, no DMA
+# Blocks for the vector rates, one register to 512: each loops VECTOR_ITERS x (VECTOR_BLOCK's
+# elements / its own) times, so every row does the same work.
+VECTOR_BLOCKS = [(8, 128), (64, 128), (256, 128), (128, 512), (512, 1024)]
+VECTOR_OPS = ("fma", "exp", "softmax")
 MXU_BLOCKS = [(128, 128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 2048), (1024, 1024, 1024)]
 
 
@@ -147,27 +159,36 @@ def mxu_matmul(block: tuple[int, int, int]) -> tuple[Callable, list[Any]]:
     return fn, [jax.random.normal(key, (n, n), jnp.bfloat16)] * 2
 
 
-def vector_work(op: str) -> tuple[Callable, list[Any]]:
-    """`op` ("fma": x * a + b, "exp") applied VECTOR_ITERS times to a resident block at each
-    step: the vector units' (or, for exp, the transcendental unit's) rate, no DMA in the way."""
+def _softmax_rows(x: Any) -> Any:
+    import jax.numpy as jnp
+
+    p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    return p * (1.0 / jnp.sum(p, axis=-1, keepdims=True))
+
+
+def vector_work(op: str, block: tuple[int, int] = VECTOR_BLOCK) -> tuple[Callable, list[Any]]:
+    """`op` ("fma": x * a + b, "exp", "softmax": over each row) applied to a resident float32
+    block at each step, VECTOR_ITERS times for VECTOR_BLOCK and proportionally more for a
+    smaller block: the vector units' (or the transcendental unit's) rate, no DMA in the way."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    step = (lambda x: x * 0.999 + 0.001) if op == "fma" else (lambda x: jnp.exp(x) - 1.0)
+    step = {"fma": lambda x: x * 0.999 + 0.001, "exp": lambda x: jnp.exp(x) - 1.0, "softmax": _softmax_rows}[op]
+    iterations = VECTOR_ITERS * (VECTOR_BLOCK[0] * VECTOR_BLOCK[1]) // (block[0] * block[1])
 
     def body(x_ref, o_ref):
         @pl.when(pl.program_id(0) == 0)
         def _():
             o_ref[...] = x_ref[...]
 
-        o_ref[...] = jax.lax.fori_loop(0, VECTOR_ITERS, lambda i, x: step(x), o_ref[...])
+        o_ref[...] = jax.lax.fori_loop(0, iterations, lambda i, x: step(x), o_ref[...], unroll=8)
 
-    spec = pl.BlockSpec(VECTOR_BLOCK, lambda i: (0, 0))
+    spec = pl.BlockSpec(block, lambda i: (0, 0))
     fn = jax.jit(lambda x: pl.pallas_call(body, grid=(VECTOR_STEPS,), in_specs=[spec], out_specs=spec,
                                           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
                                           compiler_params=_params(1))(x))
-    return fn, [jnp.zeros(VECTOR_BLOCK, jnp.float32)]
+    return fn, [jnp.zeros(block, jnp.float32)]
 
 
 def kernels() -> list[tuple[dict[str, Any], Callable[[], tuple[Callable, list[Any]]]]]:
@@ -179,9 +200,81 @@ def kernels() -> list[tuple[dict[str, Any], Callable[[], tuple[Callable, list[An
     out += [({"family": "small-K f32 matmul", "k": k, "block": list(b)}, lambda k=k, b=b: small_k_matmul(k, b))
             for k in SMALL_K for b in SMALL_K_BLOCKS]
     out += [({"family": "bf16 matmul", "block": list(b)}, lambda b=b: mxu_matmul(b)) for b in MXU_BLOCKS]
-    out += [({"family": f"vector {op}", "iterations": VECTOR_ITERS}, lambda op=op: vector_work(op))
-            for op in ("fma", "exp")]
+    out += [({"family": f"vector {op}", "block": list(b)}, lambda op=op, b=b: vector_work(op, b))
+            for op in VECTOR_OPS for b in VECTOR_BLOCKS]
     return out
+
+
+def _kernel_work(fn: Callable, inputs: list[Any], gen: Any) -> Any:
+    """The speed model's counts of the one kernel in fn(*inputs), traced (never run)."""
+    import jax
+
+    from evaluator.analysis.jaxpr_analysis import summarize
+    from evaluator.performance.perf_model import kernel_estimate
+    from evaluator.performance.prediction import KernelWork
+
+    (call,) = summarize(jax.make_jaxpr(fn)(*inputs), traffic=True).pallas_calls
+    return KernelWork.of(kernel_estimate(call, gen))
+
+
+def samples_of(rows: list[dict[str, Any]], gen: Any) -> list[Any]:
+    """The rows of kernels this script builds, as samples of their back-to-back time (no host
+    wait between calls) with the speed model's counts of each."""
+    import json
+
+    from evaluator.performance.fit import Sample
+    from evaluator.performance.prediction import CaseInputs
+    from evaluator.performance.xla_cost import ReferenceWork
+
+    builders = {json.dumps(fields, sort_keys=True): build for fields, build in kernels()}
+    samples = []
+    for r in rows:
+        fields = {k: v for k, v in r.items() if k not in ("device_kind", "median_ms", "pipelined_ms")}
+        build = builders.get(json.dumps(fields, sort_keys=True))
+        if build is None:
+            continue  # a chip's error row, or a kernel this script no longer builds
+        samples.append(Sample(" ".join(map(str, fields.values())), "microbenchmark", CaseInputs(
+            [_kernel_work(*build(), gen)], 0.0, 0.0, 0.0, ReferenceWork(0.0, 0.0, 0), 0.0, None, "a microbenchmark"),
+            kernel_s=r["pipelined_ms"] / 1e3, device_timed=True))
+    return samples
+
+
+def fit_rows(path: Path, out: Path | None = None) -> int:
+    import dataclasses
+    import json
+
+    from tpu_timings import generation_of
+
+    from evaluator.performance import calibration as calib
+    from evaluator.performance.fit import KERNEL_SIDE, agreement, fit
+    from evaluator.performance.hardware import GENERATIONS
+    from evaluator.performance.prediction import kernel_time
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kinds = {r["device_kind"] for r in rows}
+    if len(kinds) != 1:
+        raise SystemExit(f"{path} holds timings of {len(kinds)} kinds of chip: one at a time")
+    gen = GENERATIONS[generation_of(kinds.pop())]
+    samples = samples_of(rows, gen)
+    in_use = calib.load(compiled=True, generation=gen.name)
+    fitted = fit(samples, gen, in_use, KERNEL_SIDE, fitted_on=f"{len(samples)} microbenchmarks on {gen.name}")
+    print(f"{'kernel':<40}{'steps':>8}{'MiB':>8}{'GFLOP':>8}{'vector':>8}{'ms':>9}   predicted / measured: fitted, in use")
+    for s in samples:
+        (work,) = s.inputs.kernels
+        ratios = [kernel_time(s.inputs, gen, dataclasses.replace(c, dispatch_s=0.0))[0] / s.kernel_s
+                  for c in (fitted, in_use)]
+        print(f"{s.name:<40}{work.grid_steps:>8.0f}{work.hbm_bytes / 2**20:>8.0f}{work.flops / 1e9:>8.1f}"
+              f"{work.vector_flops / max(work.flops, 1):>8.0%}{s.kernel_s * 1e3:>9.3f}{ratios[0]:>14.2f}{ratios[1]:>8.2f}")
+    for label, c in (("fitted", fitted), (f"in use ({in_use.fitted_on})", in_use)):
+        c = dataclasses.replace(c, dispatch_s=0.0)
+        a = agreement([kernel_time(s.inputs, gen, c)[0] for s in samples], [s.kernel_s for s in samples])
+        print(f"{label}: " + ", ".join(f"{name} {getattr(c, name):.3g}" for name in KERNEL_SIDE)
+              + f"; within 2x {a.within_2x:.0%} of {a.n}, median ratio {a.median_ratio:.2f}")
+    if out:
+        calib.save(dataclasses.replace(in_use, **{name: getattr(fitted, name) for name in KERNEL_SIDE},
+                                       fitted_on=f"kernel side: {fitted.fitted_on}; the rest: {in_use.fitted_on}"), out)
+        print(f"wrote {out}")
+    return 0
 
 
 def measure(out: Path | None) -> int:
@@ -209,8 +302,14 @@ def measure(out: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
-    return measure(parser.parse_args(argv).out)
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="on a TPU host: time every kernel")
+    m.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
+    f = sub.add_parser("fit", help="fit the kernel-side constants to one chip's rows")
+    f.add_argument("rows", type=Path, help="JSON lines that measure wrote")
+    f.add_argument("--out", type=Path, help="write the constants in use with this kernel side here")
+    args = parser.parse_args(argv)
+    return measure(args.out) if args.command == "measure" else fit_rows(args.rows, args.out)
 
 
 if __name__ == "__main__":

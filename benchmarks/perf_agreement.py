@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evaluator.performance import calibration as calib  # noqa: E402
-from evaluator.performance.fit import Agreement, Sample, agreement, as_measured, fit  # noqa: E402
+from evaluator.performance.fit import KERNEL_SIDE, RANGES, Agreement, Sample, agreement, as_measured, fit  # noqa: E402
 from evaluator.performance.hardware import GENERATIONS, TpuGeneration  # noqa: E402
 from evaluator.performance.prediction import CaseInputs  # noqa: E402
 from evaluator.performance.xla_cost import ReferenceWork, XlaProgramCost  # noqa: E402
@@ -341,10 +341,12 @@ def plot(sets: dict[str, list[Sample]], c: calib.Calibration, path: Path, gen: T
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", type=Path, required=True, help="a JAXBench checkout")
-    p.add_argument("--fit", action="store_true", help="fit the constants on the tuning set and write them")
+    p.add_argument("--fit", action="store_true",
+                   help="fit the constants on the tuning set and write them (with --measured: the constants "
+                        "but the kernel side, on the tuning model's kernels timed on that chip)")
     p.add_argument("--calibration", type=Path, default=None,
                    help=f"where --fit writes (default {calib.DEFAULT_FILE.name}, or {calib.COMPILED_FILE.name} "
-                        "with --backend tpu-compile)")
+                        "with --backend tpu-compile; with --measured, the generation's own file)")
     p.add_argument("--heldout", action="store_true", help=f"also {HELDOUT_MODEL}'s kernels (held out: run once)")
     p.add_argument("--plot", type=Path, default=None, help="write the scatter plot here")
     p.add_argument("--workers", type=int, default=2)
@@ -357,15 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timing", choices=("mean", "pipelined"), default="mean",
                    help="with --measured: their harness's mean call (default) or the back-to-back figure")
     args = p.parse_args(argv)
-    if args.measured and args.fit:
-        p.error("--fit fits on JAXBench's own v6e times; --measured is a test of the constants, not a fit")
     if args.timing != "mean" and not args.measured:
         p.error("--timing needs --measured (JAXBench's own files have their mean call only)")
     gen = measured_on(args.measured) if args.measured else GEN
     timing = "ms" if args.timing == "mean" else "pipelined_ms"
     rows = functools.partial(estimate_rows, args.suite, workers=args.workers, backend=args.backend, gen=gen)
     compiled = args.backend == "tpu-compile"
-    args.calibration = args.calibration or (calib.COMPILED_FILE if compiled else calib.DEFAULT_FILE)
+    args.calibration = args.calibration or (calib.generation_file(compiled, gen.name) if args.measured
+                                            else calib.COMPILED_FILE if compiled else calib.DEFAULT_FILE)
     models = [TUNING_MODEL] + ([HELDOUT_MODEL] if args.heldout else [])
     on = f", timed on {gen.name}" if args.measured else ""
 
@@ -379,8 +380,15 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark workloads": workload_samples(args.suite, solutions, bf16_inputs(args.suite, solutions))}
         sets[f"{TUNING_MODEL} kernels{on}"] = kernels(TUNING_MODEL, harness)
         before = calib.Calibration()
-        after = calib.load(compiled=compiled)
-        if args.fit:
+        after = calib.load(compiled=compiled, generation=gen.name)
+        if args.fit and args.measured:  # the kernel side stays as the chip's microbenchmarks fitted it
+            tuning = sets[f"{TUNING_MODEL} kernels{on}"]
+            after = fit(tuning, gen, after, tuple(c for c in RANGES if c not in KERNEL_SIDE),
+                        fitted_on=f"{after.fitted_on.partition('; the rest: ')[0]}; the rest: {TUNING_MODEL}'s "
+                                  f"kernels timed on {gen.name} ({len(tuning)} cases, {args.timing} call)")
+            calib.save(after, args.calibration)
+            print(f"wrote {args.calibration}: {after}", file=sys.stderr)
+        elif args.fit:
             after = fit([s for samples in sets.values() for s in samples], GEN, before,
                         fitted_on=f"JAXBench v6e: benchmark workloads and {TUNING_MODEL}'s kernels "
                                   f"({sum(map(len, sets.values()))} cases)")

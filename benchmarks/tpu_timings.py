@@ -278,7 +278,7 @@ def compare(paths: list[Path], backend: str, refit: bool, out: Path | None, plot
     sets = {name: samples for name, samples in sets.items() if samples}
     if refit and "train cases" not in sets:
         raise SystemExit("--refit fits on the solutions' train cases: give their timings too")
-    loaded = calib.load(compiled=backend == "tpu-compile")  # the constants the grader uses on that path
+    loaded = calib.load(compiled=backend == "tpu-compile", generation=gen.name)  # what the grader uses there
     constants = {"in use": loaded}
     if refit:  # fitted on the train cases alone: the other sets' rows are a test of the refit
         constants[f"refit on {gen.name} train cases"] = fit(

@@ -274,7 +274,8 @@ def priced(row: dict[str, Any]) -> dict[str, Any]:
     if not row.get("cases"):
         return row
     compiled = any(c["inputs"].get("glue_xla") for c in row["cases"].values())
-    gen, constants = GENERATIONS[row["generation"]], calibration.load(compiled=compiled)
+    gen = GENERATIONS[row["generation"]]
+    constants = calibration.load(compiled=compiled, generation=gen.name)
     cases = {name: prediction.predict_case(prediction.CaseInputs.from_dict(c["inputs"]), gen, constants)
              for name, c in row["cases"].items()}
     first = next(iter(cases.values()))

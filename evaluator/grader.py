@@ -91,7 +91,7 @@ class Evaluator:
         self.pool = pool or WorkerPool(self.backend, size=0 if self.remote else self.workers, limits=limits)
         self.references = ReferenceCache()
         self.reference_costs = ReferenceCosts(task_digest, limits, workers=workers)
-        self.calibration = calibration.load(compiled=self.backend.topology_compile)
+        self.calibration = calibration.load(compiled=self.backend.topology_compile, generation=self.generation.name)
         self.predict_failed = predict_failed
 
     @property

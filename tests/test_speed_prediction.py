@@ -12,7 +12,7 @@ from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.digest import task_digest
 from evaluator.execution.sandbox import Limits
 from evaluator.performance.calibration import MIN_CALL_S, Calibration
-from evaluator.performance.fit import Sample, agreement, fit, spearman
+from evaluator.performance.fit import Sample, agreement, fit, log_errors, spearman
 from evaluator.performance.hardware import GENERATIONS
 from evaluator.performance.prediction import CaseInputs, KernelWork, kernel_time, predict_case
 from evaluator.performance.xla_cost import ReferenceWork, XlaCostCache, XlaProgramCost, price_reference, read_hlo
@@ -83,6 +83,50 @@ def test_the_kernel_side_adds_steps_glue_and_the_calls_dispatch():
     dispatched, why = kernel_time(dataclasses.replace(inputs, kernels=[], glue_bytes=0.0), GEN,
                                   dataclasses.replace(c, dispatch_s=5e-5))
     assert dispatched == pytest.approx(MIN_CALL_S + 5e-5) and why == "dispatch"  # an empty program still costs its call
+
+
+def test_a_kernels_vector_work_runs_at_the_vector_units_rate_where_it_was_measured():
+    """A v5e ran elementwise work on a resident block at about 1% of the MXU's peak
+    (benchmarks/results/v5e-grid-step.jsonl): a kernel's exp is counted apart from its dots and,
+    where a chip's microbenchmarks measured the vector units' rate, priced at it; elsewhere at
+    the MXU's calibrated rate, as before."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    from evaluator.analysis.jaxpr_analysis import summarize
+    from evaluator.performance.perf_model import kernel_estimate
+
+    def work(body, n_in: int) -> KernelWork:
+        spec = pl.BlockSpec((256, 256), lambda i: (i, 0))
+        fn = lambda *xs: pl.pallas_call(body, grid=(4,), in_specs=[spec] * n_in, out_specs=spec,  # noqa: E731
+                                        out_shape=jax.ShapeDtypeStruct((1024, 256), jnp.float32))(*xs)
+        args = [jax.ShapeDtypeStruct((1024, 256), jnp.float32)] * n_in
+        (call,) = summarize(jax.make_jaxpr(fn)(*args), traffic=True).pallas_calls
+        return KernelWork.of(kernel_estimate(call, GEN))
+
+    def exp_body(x_ref, o_ref):
+        o_ref[...] = jnp.exp(x_ref[...])
+
+    def dot_body(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...].T)
+
+    vector, mxu = work(exp_body, 1), work(dot_body, 2)
+    assert vector.vector_flops == vector.flops > 0
+    assert mxu.vector_flops == 0 and mxu.flops == 4 * 2 * 256 ** 3
+
+    flops, unmeasured = 1e12, Calibration(compute_efficiency=0.5, grid_step_s=0.0)
+    measured = dataclasses.replace(unmeasured, vector_flops_per_s=2.5e12)
+
+    def seconds(k: KernelWork, c: Calibration) -> float:
+        return kernel_time(CaseInputs([k], 0.0, 0.0, 0.0, ReferenceWork(flops, 0.0, 0), 1.0, None), GEN, c)[0]
+
+    on_mxu, on_vpu = KernelWork(flops, 0.0, 1.0, 1), KernelWork(flops, 0.0, 1.0, 1, vector_flops=flops)
+    at_mxu_rate = flops / (GEN.bf16_flops_per_s * 0.5)
+    assert seconds(on_mxu, measured) == seconds(on_mxu, unmeasured) == seconds(on_vpu, unmeasured) == pytest.approx(at_mxu_rate)
+    assert seconds(on_vpu, measured) == pytest.approx(flops / 2.5e12)
+    half = KernelWork(flops, 0.0, 1.0, 1, vector_flops=flops / 2)  # one after the other
+    assert seconds(half, measured) == pytest.approx(at_mxu_rate / 2 + flops / 2 / 2.5e12)
 
 
 def _cost_of(fn, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> Cost:
@@ -451,7 +495,7 @@ def workload(a, b):
 """
 
 
-@pytest.mark.parametrize("script, args", [("dma_bandwidth", []), ("grid_step_cost", [])])
+@pytest.mark.parametrize("script, args", [("dma_bandwidth", []), ("grid_step_cost", ["measure"])])
 def test_microbenchmarks_are_measured_on_a_tpu_only(tmp_path, script, args):
     """benchmarks/dma_bandwidth.py's and grid_step_cost.py's figures are a chip's: on this CPU
     they say so in one line and write nothing."""
@@ -463,6 +507,37 @@ def test_microbenchmarks_are_measured_on_a_tpu_only(tmp_path, script, args):
     with pytest.raises(SystemExit, match="no TPU generation of ours is a 'cpu'"):
         main([*args, "--out", str(tmp_path / "rows.jsonl")])
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_a_chips_microbenchmarks_fit_the_kernel_side_and_keep_the_rest(tmp_path, monkeypatch):
+    """grid_step_cost.py fit on some of the v5e's rows, starting from the v6e fit: the kernel side
+    it writes prices those kernels closer to their times, the other constants stay as they were."""
+    import importlib
+    import sys
+
+    from evaluator.performance import calibration as calib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    grid_step_cost = importlib.import_module("grid_step_cost")
+    keep = ({"family": "steps alone"}, {"family": "reads", "block": [8, 128]}, {"family": "reads", "block": [256, 1024]},
+            {"family": "bf16 matmul", "block": [512, 512, 512]}, {"family": "vector exp", "block": [256, 128]})
+    rows = [r for r in map(json.loads, (ROOT / "benchmarks/results/v5e-grid-step.jsonl").read_text().splitlines())
+            if any(all(r.get(k) == v for k, v in want.items()) for want in keep)]
+    assert len(rows) == len(keep)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv(calib.ENV, str(calib.COMPILED_FILE))
+    assert grid_step_cost.main(["fit", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "v5e.json")]) == 0
+    fitted, in_use = calib.load(tmp_path / "v5e.json"), calib.load(compiled=True)
+    assert "5 microbenchmarks on v5e" in fitted.fitted_on
+    for name in ("f32_matmul_share", "xla_efficiency", "conv_efficiency", "loop_iteration_s", "dispatch_s"):
+        assert getattr(fitted, name) == getattr(in_use, name)
+    samples = grid_step_cost.samples_of(rows, GENERATIONS["v5e"])
+    assert len(samples) == len(keep)
+
+    def error(c: Calibration) -> float:
+        return sum(log_errors(samples, GENERATIONS["v5e"], c))
+
+    assert error(fitted) < 0.5 * error(in_use)
 
 
 def test_kernels_timed_again_on_a_chip_are_read_in_their_results_shape(tmp_path):
@@ -590,6 +665,25 @@ def test_a_kernel_that_fails_a_static_stage_after_tracing_is_still_predicted_for
     for case in outside.predicted_speedup["cases"].values():
         glue = case["inputs"]["glue_xla"]
         assert glue is not None and glue["flops"] >= 0.9 * case["inputs"]["glue_flops"]  # XLA saw the matmul
+
+
+def test_a_generation_timed_on_a_chip_of_its_own_reads_its_own_constants(with_libtpu, monkeypatch, tmp_path):
+    """The v5e's compiled-path constants were fitted to its own microbenchmarks and kernels
+    (calibration-compiled-v5e.json); other generations, and the path without a compile, read
+    the v6e fit; a user's file wins over both."""
+    from evaluator.grader import Evaluator
+    from evaluator.performance import calibration as calib
+
+    v5e = calib.load(compiled=True, generation="v5e")
+    assert v5e != calib.load(compiled=True) and "microbenchmarks on v5e" in v5e.fitted_on
+    assert calib.load(compiled=True, generation="v6e") == calib.load(compiled=True)
+    assert calib.load(generation="v5e") == calib.load()
+    with Evaluator(backend="tpu-compile", workers=1, generation="v5e") as ev:
+        assert ev.calibration == v5e
+    own = tmp_path / "mine.json"
+    calib.save(Calibration(grid_step_s=1e-6), own)
+    monkeypatch.setenv(calib.ENV, str(own))
+    assert calib.load(compiled=True, generation="v5e") == Calibration(grid_step_s=1e-6)
 
 
 def test_estimate_refuses_attempts_without_a_suite(cli):

@@ -50,6 +50,7 @@ class PallasCallInfo:
     f32_matmul_flops_per_step: float = 0.0  # of flops_per_step: matmuls on float32 operands
     multipass_flops_per_step: float = 0.0   # beyond flops_per_step: dots' extra MXU passes (jaxpr_cost.Cost)
     mxu_padding_flops_per_step: float = 0.0  # and beyond those: dots' operands padded to MXU tiles
+    vector_flops_per_step: float = 0.0  # of flops_per_step: all but matmuls (the vector units' work)
     dma_bytes_per_step: float = 0.0   # traffic analysis only
     # Memory accesses of the body per grid step, every loop iteration counted: what a run in
     # interpret mode costs (evaluator/execution/step_limits.py); at every size.
@@ -113,6 +114,10 @@ class PallasCallInfo:
         """Its FLOPs are a lower bound the work rules may not judge: a loop or grid counted
         once whose length comes from the task's bounded integer inputs alone."""
         return self.data_dependent_trips and not self.unbounded_trips_from
+
+    @property
+    def vector_flops(self) -> float:
+        return self.vector_flops_per_step * self.grid_steps * self.runs
 
     @property
     def flops(self) -> float:
@@ -250,6 +255,7 @@ def _pallas_info(eqn: Any, traffic: bool = False, runs: float = 1.0,
         f32_matmul_flops_per_step=step.f32_matmul_flops,
         multipass_flops_per_step=step.multipass_flops,
         mxu_padding_flops_per_step=step.mxu_padding_flops,
+        vector_flops_per_step=step.flops - step.matmul_flops,
         dma_bytes_per_step=step.dma_bytes,
         accesses_per_step=accesses,
         loop_trips=loop_trips(kernel_jaxpr, trips),

@@ -3,7 +3,9 @@ TPU timings, and the file they are read from.
 
 Fitted by `python -m evaluator calibrate` (evaluator/performance/fit.py) on JAXBench's measured v6e
 times of its benchmark workloads and GPT-5.3's kernels (benchmarks/perf_agreement.py); Gemini 3's
-kernels are held out. A TPU user refits them from their own timings into a file of their own and
+kernels are held out. A generation timed on a chip of its own has a file of its own
+(`calibration-compiled-v5e.json`: the kernel side fitted to benchmarks/grid_step_cost.py's
+kernels, the rest to GPT-5.3's kernels timed again on a v5e); the others read the v6e fit. A TPU user refits them from their own timings into a file of their own and
 points `PALLAS_KERNEL_GYM_CALIBRATION` at it. The verdict cache keys on them (evaluator/grader.py).
 
 These constants move predictions only. The work rules of the estimate stage keep the unfitted
@@ -39,16 +41,34 @@ class Calibration:
     # Host cost of one timed call, added to kernel and XLA alike: our timing stage and JAXBench's
     # harness time calls by the wall clock (a device profiler would not see it).
     dispatch_s: float = 0.0
+    # The vector units' rate for a kernel's work other than dots (elementwise, transcendental,
+    # reductions), measured by a chip's microbenchmarks (benchmarks/grid_step_cost.py fit); 0
+    # where none were: that work runs at the MXU's calibrated rate, as the model had it before.
+    vector_flops_per_s: float = 0.0
     fitted_on: str = "not fitted: the model's assumptions"
 
     def to_dict(self) -> dict[str, float | str]:
         return dataclasses.asdict(self)
 
 
-def load(path: str | Path | None = None, compiled: bool = False) -> Calibration:
+def generation_file(compiled: bool, generation: str) -> Path:
+    """Where a generation's own constants for a path are kept (`compiled`: predictions whose glue
+    XLA priced from a libtpu compile)."""
+    default = COMPILED_FILE if compiled else DEFAULT_FILE
+    return default.with_name(f"{default.stem}-{generation}.json")
+
+
+def committed_file(compiled: bool = False, generation: str | None = None) -> Path:
+    """The committed constants for a path and a generation: its own file where one was fitted
+    to its times, else the v6e fit."""
+    own = generation_file(compiled, generation) if generation else None
+    return own if own and own.exists() else (COMPILED_FILE if compiled else DEFAULT_FILE)
+
+
+def load(path: str | Path | None = None, compiled: bool = False, generation: str | None = None) -> Calibration:
     """The constants from `path`, else from $PALLAS_KERNEL_GYM_CALIBRATION, else the committed
-    file (`compiled`: the one for predictions whose glue XLA priced from a libtpu compile)."""
-    path = Path(path or os.environ.get(ENV) or (COMPILED_FILE if compiled else DEFAULT_FILE))
+    file (`committed_file`)."""
+    path = Path(path or os.environ.get(ENV) or committed_file(compiled, generation))
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

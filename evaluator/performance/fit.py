@@ -28,7 +28,12 @@ RANGES: dict[str, tuple[float, float]] = {
     "loop_iteration_s": (0.1e-6, 20e-6),
     # Up to 2 ms: a virtualised TPU host (gVisor, v5e) took 0.6-0.8 ms per synchronised call.
     "dispatch_s": (1e-6, 2e-3),
+    # A v5e's vector units ran 0.3-4 TFLOP/s of our count's work on resident blocks (grid_step_cost.py).
+    "vector_flops_per_s": (0.1e12, 50e12),
 }
+# What one kernel's time is made of, which a chip's microbenchmarks measure (benchmarks/grid_step_cost.py
+# fit): a generation's own calibration fits them there and the rest on model-written kernels.
+KERNEL_SIDE = ("grid_step_s", "hbm_efficiency", "compute_efficiency", "vector_flops_per_s")
 GRID_POINTS = 25
 ROUNDS = 4
 

@@ -40,6 +40,7 @@ class KernelEstimate:
     runs: float = 1.0  # times the call runs (loops around it outside kernels)
     multipass_flops: float = 0.0  # beyond flops: dots' extra MXU passes (the speed prediction prices them)
     mxu_padding_flops: float = 0.0  # and dots' operands padded to whole MXU tiles (likewise)
+    vector_flops: float = 0.0  # of flops: all but matmuls
 
 
 @dataclass
@@ -102,7 +103,7 @@ def kernel_estimate(call: PallasCallInfo, gen: TpuGeneration) -> KernelEstimate:
     time_s = roofline(flops, moved, gen, call.f32_matmul_flops) + steps * call.runs * GRID_STEP_S
     return KernelEstimate(call.name, steps, moved, flops, time_s, data_dependent,
                           call.data_dependent_trips, call.unbounded_trips_from, call.f32_matmul_flops, call.runs,
-                          call.multipass_flops, call.mxu_padding_flops)
+                          call.multipass_flops, call.mxu_padding_flops, call.vector_flops)
 
 
 def estimate(case_name: str, summary: TraceSummary, gen: TpuGeneration, reference: Cost,

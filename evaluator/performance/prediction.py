@@ -17,7 +17,7 @@ from typing import Any
 from evaluator.analysis.jaxpr_cost import Cost
 from evaluator.performance.calibration import MIN_CALL_S, Calibration
 from evaluator.performance.hardware import TpuGeneration
-from evaluator.performance.perf_model import PerfEstimate, compute_time, conv_extra_time
+from evaluator.performance.perf_model import KernelEstimate, PerfEstimate, compute_time, conv_extra_time
 from evaluator.performance.xla_cost import ReferenceWork, XlaProgramCost, price_program, price_reference
 
 METHODS = {"xla": "our model for the kernels, XLA's TPU cost model for the reference",
@@ -32,6 +32,12 @@ class KernelWork:
     grid_steps: float  # over all its runs
     multipass_flops: float = 0.0  # beyond flops: its dots' extra MXU passes
     mxu_padding_flops: float = 0.0  # and its dots' operands padded to whole MXU tiles
+    vector_flops: float = 0.0  # of flops: all but matmuls
+
+    @classmethod
+    def of(cls, k: KernelEstimate) -> "KernelWork":
+        return cls(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs, k.multipass_flops,
+                   k.mxu_padding_flops, k.vector_flops)
 
 
 @dataclass
@@ -57,9 +63,7 @@ class CaseInputs:
     @classmethod
     def of(cls, est: PerfEstimate, reference: Cost, xla: XlaProgramCost | str,
            glue_xla: XlaProgramCost | None = None) -> "CaseInputs":
-        return cls([KernelWork(k.flops, k.f32_matmul_flops, k.hbm_bytes, k.grid_steps * k.runs, k.multipass_flops,
-                               k.mxu_padding_flops)
-                    for k in est.kernels],
+        return cls([KernelWork.of(k) for k in est.kernels],
                    est.glue_flops, est.glue_f32_matmul_flops, est.glue_bytes, ReferenceWork.of(reference),
                    est.ideal_bytes, xla if isinstance(xla, XlaProgramCost) else None,
                    xla if isinstance(xla, str) else "", est.glue_conv_flops, est.glue_conv_mxu_flops,
@@ -106,14 +110,18 @@ class PredictedSpeedup:
 def kernel_time(inputs: CaseInputs, gen: TpuGeneration, calibration: Calibration) -> tuple[float, str]:
     """(seconds, bound) of a candidate's program at one case: each kernel a roofline at the
     calibrated rates plus its grid steps, the glue (`glue_time`), one after another, and the
-    host's cost of the call."""
+    host's cost of the call. Where the vector units' rate was measured, a kernel's compute is
+    its MXU work at the calibrated share of the peak and then its vector work at that rate (a
+    softmax's exp and reductions wait for the scores, the next matmul waits for them)."""
     bandwidth = gen.hbm_bytes_per_s * calibration.hbm_efficiency
     parts = {"compute": 0.0, "memory": 0.0, "step overhead": 0.0}
     total = 0.0
     for k in inputs.kernels:
         mxu_extra = k.multipass_flops + k.mxu_padding_flops
-        compute = compute_time(k.flops + mxu_extra, k.f32_matmul_flops, gen, calibration.f32_matmul_share) / (
-            calibration.compute_efficiency)
+        vector = k.vector_flops if calibration.vector_flops_per_s else 0.0
+        compute = compute_time(k.flops - vector + mxu_extra, k.f32_matmul_flops, gen,
+                               calibration.f32_matmul_share) / calibration.compute_efficiency
+        compute += vector / calibration.vector_flops_per_s if vector else 0.0
         memory = k.hbm_bytes / bandwidth
         steps = k.grid_steps * calibration.grid_step_s
         parts["compute"] += compute
