@@ -1,6 +1,7 @@
-"""What a Pallas kernel's grid step and each of its DMAs cost beside its bytes and its compute:
-a measurement for the kernel side of the speed prediction (evaluator/performance/prediction.py,
-`kernel_time`; docs/performance-model.md, "What a grid step and a DMA cost").
+"""What a Pallas kernel's grid step, each of its DMAs and its vector work cost beside its bytes
+and its MXU work: a measurement for the kernel side of the speed prediction
+(evaluator/performance/prediction.py, `kernel_time`; docs/performance-model.md, "What a grid step
+and a DMA cost" and "What vector work costs, and the v5e's own constants").
 
     python benchmarks/grid_step_cost.py measure [--out F.jsonl]       # on a TPU host
     python benchmarks/grid_step_cost.py fit ROWS.jsonl [--out F.json]  # anywhere
@@ -19,10 +20,10 @@ back-to-back figure is the one to read):
   bfloat16 with the contraction in the grid (the MXU bound) at several block sizes.
 Each row names the family and its parameters; `kernels()` rebuilds each kernel, so the speed
 model's counts of it (grid steps, HBM bytes, MXU and vector FLOPs) can be traced anywhere. `fit`
-fits the kernel side of the compiled path's constants (grid step, DMA and MXU efficiency) to one
-chip's rows, its vector work priced at the generation's vector rate (hardware.py), and writes
-them with the rest as in use: the start of a generation's own calibration file, whose other
-constants benchmarks/perf_agreement.py --measured --fit refits on model-written kernels.
+fits the kernel side of the compiled path's constants (grid step, DMA and MXU efficiency, the
+vector units' rate: fit.KERNEL_SIDE) to one chip's rows and writes them with the rest as in use:
+the start of a generation's own calibration file, whose other constants
+benchmarks/perf_agreement.py --measured --fit refits on model-written kernels.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ Fitted by `python -m evaluator calibrate` (evaluator/performance/fit.py) on JAXB
 times of its benchmark workloads and GPT-5.3's kernels (benchmarks/perf_agreement.py); Gemini 3's
 kernels are held out. A generation timed on a chip of its own has a file of its own
 (`calibration-compiled-v5e.json`: the kernel side fitted to benchmarks/grid_step_cost.py's
-kernels, the rest to GPT-5.3's kernels timed again on a v5e); the others read the v6e fit. A TPU user refits them from their own timings into a file of their own and
-points `PALLAS_KERNEL_GYM_CALIBRATION` at it. The verdict cache keys on them (evaluator/grader.py).
+kernels, the rest to GPT-5.3's kernels timed again on a v5e); the others read the v6e fit. A
+TPU user refits them from their own timings into a file of their own and points
+`PALLAS_KERNEL_GYM_CALIBRATION` at it. The verdict cache keys on them (evaluator/grader.py).
 
 These constants move predictions only. The work rules of the estimate stage keep the unfitted
 model of evaluator/performance/perf_model.py, so a refit never changes a verdict's status.
