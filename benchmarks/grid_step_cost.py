@@ -251,6 +251,8 @@ def fit_rows(path: Path, out: Path | None = None) -> int:
     from evaluator.performance.hardware import GENERATIONS
     from evaluator.performance.prediction import kernel_time
 
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file (grid_step_cost.py measure --out writes one on a TPU host)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     kinds = {r["device_kind"] for r in rows}
     if len(kinds) != 1:

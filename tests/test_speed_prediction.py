@@ -524,6 +524,8 @@ def test_a_chips_microbenchmarks_fit_the_kernel_side_and_keep_the_rest(tmp_path,
     rows = [r for r in map(json.loads, (ROOT / "benchmarks/results/v5e-grid-step.jsonl").read_text().splitlines())
             if any(all(r.get(k) == v for k, v in want.items()) for want in keep)]
     assert len(rows) == len(keep)
+    with pytest.raises(SystemExit, match="no such file"):
+        grid_step_cost.main(["fit", str(tmp_path / "rows.jsonl")])
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setenv(calib.ENV, str(calib.COMPILED_FILE))
     assert grid_step_cost.main(["fit", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "v5e.json")]) == 0
