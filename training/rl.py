@@ -5,7 +5,8 @@
     python -m training.rl --config configs/grpo.yaml --resume_from_checkpoint true
 
 Configuration is TRL's own: `TrlParser` over our `RLScriptArguments`, `GRPOConfig` and
-`ModelConfig`, YAML defaults overridden by flags, unknown keys refused. Each training prompt is
+`ModelConfig`, YAML defaults overridden by flags, unknown keys refused, what the machine lacks
+(a GPU, the weights) named in one line first (training/preflight.py). Each training prompt is
 an episode of training/environment.py's KernelEnv: the model answers the task, the evaluator
 grades the answer, a failing answer's feedback is appended and the model answers again, up to
 `max_turns` answers. The whole conversation is one GRPO completion whose feedback tokens are
@@ -29,7 +30,7 @@ from rich.console import Console
 
 from training.environment import KernelEnv
 from training.reward import RewardSpec, is_hack, speedup_of
-from training.sft import ModelNotAvailable, require_model
+from training.preflight import EntryPoint, ModelNotAvailable, parse_checked, require_model
 from training.tiny_model import TinyModelArguments
 
 LOG_NAME = "rl_log.jsonl"
@@ -249,6 +250,18 @@ def checkpoint_step(checkpoint: str | None) -> int | None:
         "global_step"]
 
 
+def small_run(values: Any) -> list[str]:
+    """Flags that make a CPU check of an RL config small: one step of short answers, two grading
+    workers (a Ray cluster's address becomes a private one here), no re-benchmark, aside."""
+    ray = ["--ray_address", "local"] if getattr(values, "ray_address", None) not in (None, "", "local") else []
+    return ["--max_steps", "1", "--max_completion_length", "64", "--rebench", "false", *ray,
+            "--grading_workers", "2", "--output_dir", "runs/rl-cpu-check"]
+
+
+# The machine check's view of this entry point (training/preflight.py).
+ENTRY = EntryPoint("training.rl", "configs/grpo-tiny.yaml", small_run=small_run)
+
+
 def make_parser():
     from trl import GRPOConfig, ModelConfig, TrlParser
 
@@ -362,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     from training.sft import fail
 
     try:
-        script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+        script_args, training_args, model_args = parse_checked(make_parser(), argv, ENTRY)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
         return fail(exc)
     try:

@@ -7,7 +7,8 @@
     accelerate launch --num_processes 8 -m training.sft --config fixit.yaml
 
 Configuration is TRL's own: `TrlParser` over our script arguments, `SFTConfig` and `ModelConfig`.
-The YAML gives defaults and the command line overrides them; an unknown key is an error. Each
+The YAML gives defaults and the command line overrides them; an unknown key is an error, and so,
+in one line, is what the config needs that this machine lacks (training/preflight.py). Each
 Fixit row becomes a prompt (system, task, failing kernel, feedback) and a completion (the
 explanation and the fix), so the loss covers only the last assistant message, end-of-turn
 token included, and the model learns to stop. `dataset_tasks` and `dataset_ids` keep only some
@@ -19,12 +20,12 @@ rows (e.g. the rows that share one repair kernel); by default every row of the s
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.preflight import EntryPoint, ModelNotAvailable, parse_checked, require_model  # noqa: F401 (re-exported)
 from training.tiny_model import TinyModelArguments
 
 
@@ -52,39 +53,12 @@ class FixitScriptArguments(TinyModelArguments):
         "help": "also save the base model with the LoRA adapter merged in, under <output_dir>/merged"})
 
 
-class ModelNotAvailable(RuntimeError):
-    """The model is neither a local directory nor cached nor reachable: fail before any work."""
-
-
 class BadDatasetMix(ValueError):
     """A dataset_mix entry with a weight that is not a positive number."""
 
 
 class NoTrainingRows(RuntimeError):
     """dataset_tasks / dataset_ids left no row to train on."""
-
-
-def require_model(name: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, with one line, if `name` cannot be loaded (the hub's own retries take a minute)."""
-    if Path(name).is_dir():
-        return
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise ModelNotAvailable(f"model directory {name} does not exist")
-    from huggingface_hub import try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise ModelNotAvailable(f"model {name!r} is not a local directory and not in the Hugging Face cache, "
-                                "and HF_HUB_OFFLINE is set: download it first or pass a local directory")
-    from huggingface_hub import HfApi
-
-    try:
-        HfApi().model_info(name, timeout=timeout_s)
-    except Exception as exc:  # noqa: BLE001 - any failure means: cannot load it from here
-        reason = " ".join(str(exc).split())[:200]
-        raise ModelNotAvailable(f"model {name!r} is not local and the Hugging Face Hub cannot serve it "
-                                f"({type(exc).__name__}: {reason})") from None
 
 
 def to_prompt_completion(row: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +133,17 @@ def load_mixture(script_args: FixitScriptArguments, seed: int = 0):
     weights = [w for _, w, train, _ in loaded if len(train)]
     return datasets.interleave_datasets(trains, probabilities=[w / sum(weights) for w in weights], seed=seed,
                                         stopping_strategy="all_exhausted"), evaluation
+
+
+def dataset_folders(values: Any) -> list[tuple[str, str]]:
+    """(config key, folder) of every Fixit dataset a run reads: the preflight checks they exist."""
+    return [("dataset_path" if i == 0 else "dataset_mix", path) for i, (path, _) in enumerate(mix_entries(values))]
+
+
+# The machine check's view of this entry point; its CPU check of a recipe takes one step, aside.
+ENTRY = EntryPoint("training.sft", "configs/fixit-tiny.yaml", folders=dataset_folders,
+                   small_run=lambda values: ["--max_steps", "1", "--eval_strategy", "no",
+                                             "--output_dir", "runs/sft-cpu-check"])
 
 
 def make_parser():
@@ -236,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     try:  # a bad config (unknown key, invalid value, missing file) is the user's to fix: one line
-        script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+        script_args, training_args, model_args = parse_checked(make_parser(), argv, ENTRY)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
         return fail(exc)
     try:
