@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PALLAS_EVAL_ASSUME_NO_TPU", "1")  # tests pin the tpu-interpret backend
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # with libtpu installed, jax would probe for a TPU
@@ -45,6 +46,33 @@ def require(available: bool, reason: str) -> None:
 
 def require_module(name: str, install: str) -> None:
     require(importlib.util.find_spec(name) is not None, f"{name} is not installed ({install})")
+
+
+# --- Tiers (docs/testing.md, "Tiers") ---------------------------------------------------------
+# `pytest` runs the default suite: every unit test and, of each collection the grader is run over
+# (the tasks, the red team, third-party kernels, honest styles), a fixed sample; `pytest -m slow`
+# runs the rest of each collection, and CI runs both. The tasks' sample spans the three levels and
+# the features the grader checks: the design's own tasks (softmax, matmul, causal attention, paged
+# attention), a VMEM accumulator (swiglu_mlp), scalar prefetch (mla_decode_attention,
+# ragged_attention), manual DMA (paged_attention), a held-out task (ragged_attention).
+SAMPLE_TASKS = ("softmax", "matmul", "swiglu_mlp", "mla_decode_attention", "attention_fwd_causal",
+                "paged_attention", "ragged_attention")
+
+
+def sampled(items, sample, ids=str, key=None) -> list:
+    """`items` as the parameters of one test: those whose `key` (default: their test id) is in
+    `sample` run in the default suite, the others are marked `slow`. `ids(item)` is an item's test
+    id, which it keeps in either tier; an item that is already a `pytest.param` keeps its id and
+    marks. A sample naming nothing in `items` is an error: a renamed kernel must not drop out of
+    the default suite unnoticed."""
+    params = [item if isinstance(item, pytest.ParameterSet)
+              else pytest.param(*(item if isinstance(item, tuple) else (item,)), id=ids(item)) for item in items]
+    keys = [p.id if key is None else key(*p.values) for p in params]
+    unknown = set(sample) - set(keys)
+    if unknown:
+        raise ValueError(f"the default sample names {sorted(unknown)}, which no parameter has")
+    return [p if k in sample else pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow))
+            for p, k in zip(params, keys)]
 
 
 def read_candidate(name: str) -> str:
@@ -132,12 +160,32 @@ SUITE_CACHE_ENV = "PALLAS_KERNEL_GYM_SUITE_CACHE"  # suites.listing.CACHE_ENV (n
 XLA_COSTS_ENV = "PALLAS_KERNEL_GYM_XLA_COSTS"  # evaluator.performance.xla_cost.XlaCostCache's folder
 
 
+SHARED_CACHE_ENV = "PALLAS_KERNEL_GYM_TEST_CACHE"
+
+
+def shared_folder(tmp_path_factory, name: str) -> Path:
+    """A folder of this test run that its xdist workers share, for content-keyed caches: under
+    $PALLAS_KERNEL_GYM_TEST_CACHE when set (CI sets it, so that the default suite and the slow
+    tier after it share one), else in the run's temporary folder. Never the user's ~/.cache."""
+    if os.environ.get(SHARED_CACHE_ENV):
+        return Path(os.environ[SHARED_CACHE_ENV]) / name
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+
+
+@pytest.fixture(scope="session")
+def shared_verdicts(tmp_path_factory) -> Path:
+    """A verdict cache (evaluator/cache.py) for tests that read a grading rather than test one:
+    a solution's static verdict is graded once per test run, whichever test asks first. Its keys
+    hold the grading code's digest, so a verdict of other code is never read back."""
+    return shared_folder(tmp_path_factory, "verdicts")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def xla_cost_cache(tmp_path_factory):
-    """Compiled reference costs (evaluator/performance/xla_cost.py) go to a folder of this test
-    run, shared by its xdist workers (the entries are content-keyed), never the user's ~/.cache."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "xla-costs"
+    """Compiled reference costs (evaluator/performance/xla_cost.py) go to the run's shared folder
+    (the entries are content-keyed)."""
+    folder = shared_folder(tmp_path_factory, "xla-costs")
     before = os.environ.get(XLA_COSTS_ENV)
     os.environ[XLA_COSTS_ENV] = str(folder)
     yield

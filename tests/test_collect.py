@@ -83,6 +83,7 @@ def test_repairs_are_many_pool_kernels_each_behind_few_pairs(small_run):
     assert f"| distinct repair kernels | {len(per_repair)} |" in card
 
 
+@pytest.mark.slow
 def test_a_stale_pool_entry_is_graded_again_before_use(tmp_path):
     """Fresh entries are trusted without grading; a stale one is graded once and journaled."""
     entries = [e for e in load_pool(DEFAULT_POOL) if e.task == "rms_norm" and e.ok][:2]
@@ -161,6 +162,7 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys, extra, message):
     assert message in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_with_nothing_lost_or_repeated(tmp_path):
     args = [sys.executable, "-m", "data_gen.collect", *SMALL, "--name", "killed",
             "--out-dir", str(tmp_path / "datasets"), "--runs-dir", str(tmp_path / "runs")]

@@ -47,6 +47,7 @@ def test_dataset_rules_count_rows_over_the_caps():
     assert found == {"kind_over_cap": 3, "repeated_edit": 3}
 
 
+@pytest.mark.slow
 def test_no_mutant_of_any_solution_leaves_a_giveaway():
     """The mutation engine removes what a bug leaves unread and never writes `x = x`."""
     broken = []

@@ -89,6 +89,7 @@ def short_base():
         yield ev
 
 
+@pytest.mark.slow
 def test_a_sequential_scan_is_graded_correct_on_the_limit_its_work_earns(short_base):
     verdict = short_base.grade("linear_recurrence", read_candidate("correct_step_scan"), seed=1)
     assert verdict.status == "correct", verdict.message

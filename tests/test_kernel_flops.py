@@ -21,6 +21,7 @@ from evaluator.performance.perf_model import estimate
 from evaluator.truth.reference import ReferenceCache
 from tasks import all_tasks, get_task
 from tasks.spec import ArgSpec, np_dtype
+from tests.conftest import SAMPLE_TASKS, sampled
 
 I32 = jax.ShapeDtypeStruct((), jnp.int32)
 # One iteration of _loop_kernel's body: an (8, 128) x (128, 128) matmul, the add of its
@@ -52,7 +53,7 @@ def _integer(dtype: str) -> bool:
     return np_dtype(dtype).kind in "iu"
 
 
-@pytest.mark.parametrize("task", all_tasks(), ids=lambda t: t.name)
+@pytest.mark.parametrize("task", sampled(all_tasks(), SAMPLE_TASKS, ids=lambda t: t.name))
 def test_integer_inputs_are_bounded_and_draws_stay_within(task):
     for case in task.select("all", "check"):
         bounds = task.arg_bounds(case)
@@ -264,7 +265,8 @@ def kernel_flops_ratio(task_name: str, case_name: str) -> tuple[float, float]:
     return summary.kernel_flops, _REFERENCE.flops(task, case)
 
 
-@pytest.mark.parametrize("task_name,case_name", BENCH, ids=[f"{t}-{c}" for t, c in BENCH])
+@pytest.mark.parametrize("task_name,case_name", sampled(BENCH, SAMPLE_TASKS, ids=lambda tc: f"{tc[0]}-{tc[1]}",
+                                                        key=lambda task, case: task))
 def test_solution_kernels_do_the_reference_arithmetic(task_name, case_name):
     inside, reference = kernel_flops_ratio(task_name, case_name)
     assert inside >= 0.5 * reference, f"{inside:.4g} FLOPs inside kernels vs {reference:.4g}"

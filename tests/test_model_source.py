@@ -91,6 +91,7 @@ def test_unreachable_endpoint_fails_fast_with_one_line(tmp_path, capsys):
     assert time.perf_counter() - start < 15
 
 
+@pytest.mark.slow
 def test_replay_source(tmp_path):
     replay = tmp_path / "attempts.jsonl"
     cut = SOLUTION["softmax"][: SOLUTION["softmax"].index("pl.pallas_call(") + len("pl.pallas_call(")]
@@ -127,6 +128,7 @@ def test_replay_source(tmp_path):
     assert "| search: interpret_flag | 1 |" in card
 
 
+@pytest.mark.slow
 def test_a_rebench_journal_replays_into_pairs_with_a_teacher(tmp_path):
     """Models' own failing turns (training.rebench --turns 2: a tiny local model that answers
     garbage, and a served one) become pairs: the search repairs what it can, a teacher the

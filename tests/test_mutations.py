@@ -21,17 +21,20 @@ def suite_mutants():
     return {t.name: mutants(t) for t in TRAIN_TASKS}
 
 
+@pytest.mark.slow
 def test_at_least_fifteen_operators_and_each_applies_somewhere(suite_mutants):
     assert len(OPERATORS) >= 15
     used = {m.operator for ms in suite_mutants.values() for m in ms}
     assert used == {op.name for op in OPERATORS}
 
 
+@pytest.mark.slow
 def test_every_train_task_gets_mutants_of_many_kinds(suite_mutants):
     for name, ms in suite_mutants.items():
         assert len({m.operator for m in ms}) >= 8, name
 
 
+@pytest.mark.slow
 def test_mutants_parse_and_change_only_their_site(suite_mutants):
     for name, ms in suite_mutants.items():
         original = normalized(get_task(name).solution_source()).splitlines()
@@ -55,6 +58,7 @@ def test_mutants_parse_and_change_only_their_site(suite_mutants):
             assert 0 < len(changed) <= 2 * 12, (m.id, changed)
 
 
+@pytest.mark.slow
 def test_block_size_operators_leave_an_operands_whole_extent_alone(suite_mutants):
     """depthwise_conv2d's weights block is (k, k, bc) with k = w.shape[0]: k is the filter, not a
     tile, and k = 2048 made a trace of 2048 x 2048 unrolled taps that ran into the step limit.

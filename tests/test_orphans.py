@@ -44,7 +44,8 @@ def _wait_gone(pid: int, within_s: float) -> bool:
     return _gone(pid)
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("how", [signal.SIGKILL, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGKILL", "SIGINT"])
 def test_a_dead_host_leaves_no_worker(how):
     host = subprocess.Popen([sys.executable, "-c", HOST], cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

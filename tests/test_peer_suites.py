@@ -321,6 +321,7 @@ def test_the_prompt_asks_for_their_entry_point(suite):
     assert "defines `ModelNew`" in model_prompt and "class Model" in model_prompt
 
 
+@pytest.mark.slow
 def test_cli_lists_runs_and_refuses_bad_suites(cli, tmp_path):
     listed = cli("tasks", "--suite", f"jaxbench:{FIXTURE}", "--load", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -362,6 +363,7 @@ def test_a_real_checkout_loads(cli):
     assert rows["jaxbench/8p_GEMM"]["optimized"] == rows["jaxbench/1p_Flash_Attention"]["optimized"] == "correct"
 
 
+@pytest.mark.slow
 def test_rebench_runs_an_imported_task(tmp_path):
     """training.rebench --suite: the model reads their file as the reference and answers in
     their format; the run defaults to v6e."""

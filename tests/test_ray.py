@@ -48,12 +48,14 @@ def on_ray(cluster):
         yield ev
 
 
+@pytest.mark.slow
 def test_ray_gives_the_statuses_local_grading_gives(on_ray, quick_timeout_evaluator):
     remote = [v.status for v in on_ray.grade_many(BATCH)]
     local = [v.status for v in quick_timeout_evaluator.grade_many(BATCH)]
     assert remote == local == EXPECTED
 
 
+@pytest.mark.slow
 def test_an_actor_killed_mid_batch_loses_no_verdict(on_ray, cluster):
     jobs = [BATCH[0], BATCH[1], BATCH[0], BATCH[1]]
     before = on_ray.remote.replaced
@@ -99,6 +101,7 @@ def test_a_replaced_task_reaches_an_actor_as_itself(on_ray):
     assert (verdict.task_version, verdict.status) == (77, "wrong_output"), verdict.message
 
 
+@pytest.mark.slow
 def test_an_imported_task_grades_on_ray_from_the_command_line(on_ray, capsys):
     """--suite with --ray: the actor rebuilds the imported task from its suite (suites.open_task)."""
     from cli.main import main

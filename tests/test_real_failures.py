@@ -8,10 +8,12 @@ bugs of a model (`jnp` never imported, a column block of 2000) that also leaves 
 import json
 
 import datasets
+import pytest
 from data_gen.collect import main
 from tests.conftest import PEER_FIXTURE
 
 
+@pytest.mark.slow
 def test_a_checkout_gives_verified_pairs_and_counts_what_it_cannot_repair(tmp_path, capsys):
     from data_gen.regrade import main as regrade
 

@@ -91,6 +91,7 @@ def test_model_specs_parse():
         ModelSpec.parse("no-label")
 
 
+@pytest.mark.slow
 def test_rebench_two_models_side_by_side(tmp_path):
     with FakeOpenAIServer(make_respond(), models=("good", "bad")) as server:
         code = main(["--model", f"tuned=good@{server.base_url}", "--model", f"base=bad@{server.base_url}",

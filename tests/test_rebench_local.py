@@ -32,6 +32,7 @@ def build_adapter(base: Path, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_two_local_models_in_one_run(tmp_path):
     """The README's base-vs-tuned command, in a fresh interpreter (as a user runs it, with
     transformers not yet imported when the two models load from their threads)."""

@@ -9,10 +9,33 @@ import pytest
 
 from evaluator.truth.stress import stress_cases
 from tasks import get_task
-from tests.conftest import TESTS, expectation
+from tests.conftest import TESTS, expectation, sampled
 from training.reward import RewardSpec
 
 REDTEAM = sorted((TESTS / "redteam").glob("*.py"))
+ANTI_CHEAT = TESTS.parent / "docs" / "anti-cheat.md"
+
+
+def cheat_classes() -> dict[str, list[str]]:
+    """The classes of docs/anti-cheat.md's tables, each with the red-team kernels its row names
+    (its first cell -> the files named in its second, in order)."""
+    names = {p.stem for p in REDTEAM}
+    classes = {}
+    for line in ANTI_CHEAT.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| ") else []
+        files = [n for n in re.findall(r"`(\w+)`", cells[1]) if n in names] if len(cells) > 1 else []
+        if files:
+            classes[cells[0]] = files
+    return classes
+
+
+# The default suite grades the first kernel each class names (docs/testing.md, "Tiers"); `-m slow`
+# grades the rest.
+SAMPLE = {files[0] for files in cheat_classes().values()}
+
+
+def _tiered(paths):
+    return sampled(paths, SAMPLE & {p.stem for p in paths}, ids=lambda p: p.stem)
 
 
 def _expectation(path):
@@ -25,7 +48,14 @@ def test_corpus_is_large_enough():
     assert len(REDTEAM) >= 30
 
 
-@pytest.mark.parametrize("path", REDTEAM, ids=[p.stem for p in REDTEAM])
+def test_every_kernel_belongs_to_a_documented_class_that_the_default_suite_samples():
+    classes = cheat_classes()
+    unclassed = {p.stem for p in REDTEAM} - {f for files in classes.values() for f in files}
+    assert not unclassed, f"name these in a row of docs/anti-cheat.md: {sorted(unclassed)}"
+    assert all(set(files) & SAMPLE for files in classes.values())
+
+
+@pytest.mark.parametrize("path", _tiered(REDTEAM))
 def test_cheat_is_rejected_with_the_right_status(evaluator, path):
     task, expected = _expectation(path)
     verdict = evaluator.grade(task, path.read_text(), split="train")
@@ -57,7 +87,7 @@ def _case_where_wrong(task, spec: str):
     return dataclasses.replace(base, name="shown_wrong", dims=dims)
 
 
-@pytest.mark.parametrize("path", SHOWN_WRONG, ids=[p.stem for p in SHOWN_WRONG])
+@pytest.mark.parametrize("path", _tiered(SHOWN_WRONG))
 def test_the_cheat_is_wrong_where_it_says(path):
     import jax
     from jax.experimental.pallas import tpu as pltpu
@@ -85,7 +115,7 @@ BENCH_PROGRAM_CLASSES = [p for p in REDTEAM if p.stem.startswith(
     ("three_blocks_", "loop_", "bf16_path_", "size_gated_", "values_", "feature_", "unreachable_"))]
 
 
-@pytest.mark.parametrize("path", BENCH_PROGRAM_CLASSES, ids=[p.stem for p in BENCH_PROGRAM_CLASSES])
+@pytest.mark.parametrize("path", _tiered(BENCH_PROGRAM_CLASSES))
 def test_the_cheat_is_refused_on_the_heldout_split_too(evaluator, path):
     """With the same status, unless the file says another (`heldout: STATUS`) and why."""
     task, expected = _expectation(path)

@@ -134,6 +134,7 @@ def rl_config(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_the_tiny_run_trains_resumes_and_writes_log_plot_adapter_and_lift(rl_config, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from training.rl import main

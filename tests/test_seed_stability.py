@@ -1,19 +1,18 @@
 """Honest kernels pass on every seed, with room to spare (benchmarks/seed_stability.py).
 
-The default run checks a small sample; under CI=true a larger one (the whole margin table is
-the benchmark's job: python benchmarks/seed_stability.py).
+The default suite checks one solution on 3 seeds; `-m slow` nine more, on 5 seeds under CI=true
+(the whole margin table is the benchmark's job: python benchmarks/seed_stability.py).
 """
 import importlib.util
 import sys
 
 import pytest
 
-from tests.conftest import IN_CI, TESTS
+from tests.conftest import IN_CI, TESTS, sampled
 
 MARGIN = 0.7  # an honest kernel's worst error stays below this share of its bound
-SAMPLE = ["matmul", "attention_fwd", "geglu"]
-CI_SAMPLE = SAMPLE + ["ragged_attention", "gemm_softmax", "swiglu_mlp", "paged_attention",
-                      "attention_bwd", "layer_norm", "softmax"]
+TASKS = ["matmul", "attention_fwd", "geglu", "ragged_attention", "gemm_softmax", "swiglu_mlp",
+         "paged_attention", "attention_bwd", "layer_norm", "softmax"]
 
 
 def _benchmark():
@@ -25,7 +24,7 @@ def _benchmark():
     return module
 
 
-@pytest.mark.parametrize("task", CI_SAMPLE if IN_CI else SAMPLE)
+@pytest.mark.parametrize("task", sampled(TASKS, {"matmul"}))
 def test_solution_verdicts_do_not_flip_with_the_seed(task):
     bench = _benchmark()
     kernels = bench.honest_kernels(["solutions"], [task])

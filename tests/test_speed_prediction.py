@@ -299,6 +299,7 @@ def with_libtpu():
     require_module("libtpu", "pip install -e '.[tpu-compile]'")
 
 
+@pytest.mark.slow
 def test_a_reference_with_xlas_own_custom_call_is_priced_above_xlas_zero(with_libtpu, tmp_path):
     """attention_fwd's f32 reference becomes XLA's online-softmax custom call, priced at zero by
     XLA's cost analysis: our price of the reference adds the work and bytes it left out."""
@@ -327,6 +328,7 @@ def test_a_reference_with_xlas_own_custom_call_is_priced_above_xlas_zero(with_li
     assert shipped.get(costs.key(task, case_spec(task, case), GEN)) == xla
 
 
+@pytest.mark.slow
 def test_the_shipped_xla_costs_cover_every_reference_of_ours_and_nothing_else(with_libtpu):
     """tasks/xla_costs.json holds each of our references at each bench case for v5e and v6e, under
     the keys of the code as it is: a fresh clone prices them without compiling. After a change to
@@ -413,6 +415,7 @@ class Model:
 '''
 
 
+@pytest.mark.slow
 def test_jaxbench_references_are_held_against_their_times_as_their_harness_compiled_them(with_libtpu):
     """JAXBench's harness closes over a model's weights, zeros in level 2: XLA folds the matmul
     by them away, and what it timed is that folded program (docs/peer-suites.md). The comparison

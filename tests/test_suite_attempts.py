@@ -122,6 +122,7 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow
 def test_the_report_and_its_resumable_journal(tmp_path, capsys, monkeypatch):
     journal = tmp_path / "journal.jsonl"
     code, out, err = _run(capsys, "--attempts", "--journal", str(journal), "--json")

@@ -102,6 +102,7 @@ def test_an_answer_cut_off_inside_its_code_is_a_truncated_answer():
 
 
 # --- grading: their format, their layout ----------------------------------------------------------
+@pytest.mark.slow
 def test_a_generated_file_is_graded_as_it_is(suite, v6e):
     verdict = v6e.grade(suite.task(TASK), GENERATED, seed=0)
     assert verdict.status == "correct", verdict.message

@@ -76,6 +76,7 @@ def test_a_correct_kernel_gets_a_speedup_from_its_timed_runs(timing_evaluator):
     assert "Speedup over XLA" in verdict.message
 
 
+@pytest.mark.slow
 def test_a_kernel_wrong_only_at_the_timed_size_gets_no_speedup(timing_evaluator):
     task = _small_bench_softmax()
     verdict = timing_evaluator.grade(task, WRONG_WHERE_TIMED, seed=4)
@@ -85,6 +86,7 @@ def test_a_kernel_wrong_only_at_the_timed_size_gets_no_speedup(timing_evaluator)
     assert all(c.status == "correct" for c in verdict.cases)  # every compared case passed
 
 
+@pytest.mark.slow
 def test_an_imported_task_is_timed_against_its_own_reference(timing_evaluator):
     """A peer suite's task: the worker builds their reference with our driver (suites/driver.py
     timed_reference) and times it beside the kernel, at a bench case here as small as a check case."""

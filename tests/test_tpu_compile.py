@@ -33,6 +33,7 @@ def test_layout_failure_only_a_real_compile_catches(evaluator, compile_evaluator
     assert "unsupported shape cast" in verdict.message
 
 
+@pytest.mark.slow
 def test_vmem_exhaustion_by_in_kernel_values(evaluator, compile_evaluator):
     source = read_candidate("compile_error_vmem_temporaries")
     assert evaluator.grade("attention_fwd", source).status == "correct"
@@ -60,6 +61,7 @@ def test_lane_narrow_blocks_compile_beyond_their_padded_count_and_cover_cases_co
     assert {"train_bench_t32768_e8_f32", "train_bench_t32768_e8_bf16"} <= set(verdict.details["compiled_memory"])
 
 
+@pytest.mark.slow
 def test_correct_kernel_records_compiler_memory_stats(compile_evaluator):
     from tasks import get_task
 

@@ -70,6 +70,7 @@ def trained(workdir):
     return workdir / "out", summary
 
 
+@pytest.mark.slow
 def test_a_few_rows_overfit_and_greedy_generation_reproduces_and_stops(workdir, trained):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -143,6 +144,7 @@ def test_a_dataset_mix_trains_on_both_datasets(workdir, tmp_path):
     assert set(weighted) == set(both) and len(weighted) > len(both)  # until both are seen whole
 
 
+@pytest.mark.slow
 def test_the_tiny_offline_config_trains_on_a_mix(tmp_path, capsys):
     real = tmp_path / "real" / "data"
     real.mkdir(parents=True)

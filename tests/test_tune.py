@@ -56,6 +56,7 @@ def _recovers(evaluator, task_name: str) -> None:
         "vmem_limit_bytes" in result.source
 
 
+@pytest.mark.slow
 def test_tune_recovers_matmul_blocks_from_128(evaluator):
     _recovers(evaluator, "matmul")
 

@@ -104,6 +104,7 @@ def test_the_hash_covers_source_task_files_and_evaluator():
     assert inputs_hash(get_task("rms_norm"), "x = 1\n", "tpu-interpret") != base
 
 
+@pytest.mark.slow
 def test_build_grades_only_new_and_stale_entries(tmp_path):
     """A second build grades nothing; an entry whose hash is stale is graded again, alone."""
     from rich.console import Console
