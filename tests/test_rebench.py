@@ -92,11 +92,13 @@ def test_model_specs_parse():
 
 
 @pytest.mark.slow
-def test_rebench_two_models_side_by_side(tmp_path):
+def test_rebench_two_models_side_by_side(tmp_path, shared_verdicts):
+    """The canned answers repeat, so the run's verdict cache grades each distinct one once: the
+    report is what is under test here, not the grading."""
     with FakeOpenAIServer(make_respond(), models=("good", "bad")) as server:
         code = main(["--model", f"tuned=good@{server.base_url}", "--model", f"base=bad@{server.base_url}",
                      "--task", "matmul", "--task", "softmax", "--samples", "4", "--k", "1", "2",
-                     "--workers", "2", "--out", str(tmp_path)])
+                     "--workers", "2", "--out", str(tmp_path), "--cache", str(shared_verdicts)])
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["format"] == "pallas-kernel-gym/rebench-report" and report["settings"]["turns"] == 1
